@@ -1,0 +1,35 @@
+"""mrkit: stream-ordered memory resources for CUDA in Python.
+
+Compose resources (where memory comes from) with adaptors (what happens around each allocation)
+and plug the result into array libraries. See ``docs/`` for the guide.
+"""
+from ._errors import CUDAError, CUDAUnavailableError, MrkitError, OutOfMemoryError, StreamOrderViolation
+from ._resource import Buffer, MemoryResource, get_current_resource, set_current_resource, using
+from ._sizes import format_size, parse_size
+from ._stream import DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM, Event, Stream, as_stream
+from .driver import get_driver, set_backend, use_backend
+from .resources import (
+    CudaMemoryResource, DeviceMemoryResource, DeviceMemoryResourceOptions, HostMemoryResource,
+    ManagedMemoryResource, MemoryPool, PinnedMemoryResource,
+)
+from .suballoc import PoolResource
+from .adaptors import (
+    Adaptor, LimitingAdaptor, LoggingAdaptor, RetryAdaptor, Statistics, StatisticsAdaptor,
+    TrackingAdaptor, read_log, replay,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MrkitError", "CUDAError", "CUDAUnavailableError", "OutOfMemoryError", "StreamOrderViolation",
+    "MemoryResource", "Buffer", "get_current_resource", "set_current_resource", "using",
+    "parse_size", "format_size",
+    "Stream", "Event", "DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM", "as_stream",
+    "get_driver", "set_backend", "use_backend",
+    "CudaMemoryResource", "DeviceMemoryResource", "DeviceMemoryResourceOptions", "HostMemoryResource",
+    "ManagedMemoryResource", "MemoryPool", "PinnedMemoryResource",
+    "PoolResource",
+    "Adaptor", "LimitingAdaptor", "LoggingAdaptor", "RetryAdaptor", "Statistics", "StatisticsAdaptor",
+    "TrackingAdaptor", "read_log", "replay",
+    "__version__",
+]

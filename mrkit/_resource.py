@@ -1,0 +1,198 @@
+"""The ``MemoryResource`` protocol, ``Buffer``, argument checks and the per-device current resource."""
+from __future__ import annotations
+
+import operator
+import threading
+from contextlib import contextmanager
+
+from ._stream import DEFAULT_STREAM, Stream, as_stream
+
+__all__ = [
+    "MemoryResource", "Buffer", "check_request",
+    "get_current_resource", "set_current_resource", "using",
+]
+
+
+def check_request(nbytes, alignment, max_alignment: int) -> int:
+    """Validate an allocation request and return ``nbytes`` as an int.
+
+    Raises ``TypeError``/``ValueError`` naming the argument: ``nbytes`` must be an integer >= 0;
+    ``alignment`` a power of two no larger than ``max_alignment``.
+    """
+    if isinstance(nbytes, bool) or not hasattr(type(nbytes), "__index__"):
+        raise TypeError(f"nbytes must be an int, not {type(nbytes).__name__}")
+    nbytes = operator.index(nbytes)
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    if isinstance(alignment, bool) or not hasattr(type(alignment), "__index__"):
+        raise TypeError(f"alignment must be an int, not {type(alignment).__name__}")
+    alignment = operator.index(alignment)
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise ValueError(f"alignment must be a power of two, got {alignment}")
+    if alignment > max_alignment:
+        raise ValueError(f"alignment {alignment} is larger than this resource supports ({max_alignment})")
+    return nbytes
+
+
+class MemoryResource:
+    """Base class of every mrkit resource and adaptor.
+
+    The protocol is stream-ordered:
+
+    * ``allocate(nbytes, stream, alignment=256) -> int`` returns a pointer usable by work on
+      ``stream`` (and by any work ordered after it); ``allocate(0, ...)`` returns 0.
+    * ``deallocate(ptr, nbytes, stream, alignment=256)`` returns the block; work enqueued on
+      ``stream`` before the call may still use it. ``nbytes`` and ``alignment`` must match the
+      allocation. ``deallocate(0, 0, ...)`` is a no-op.
+    * properties ``device_accessible``, ``host_accessible``, ``device_id`` (``None`` for host-only
+      memory) and ``max_alignment``; equality (two resources are equal when memory from one may be
+      freed by the other).
+    """
+
+    __slots__ = ("__weakref__",)
+
+    device_accessible: bool = False
+    host_accessible: bool = False
+    device_id: int | None = None
+    max_alignment: int = 256
+
+    def allocate(self, nbytes: int, stream, alignment: int = 256) -> int:  # pragma: no cover
+        raise NotImplementedError
+
+    def deallocate(self, ptr: int, nbytes: int, stream, alignment: int = 256) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def allocate_buffer(self, nbytes: int, stream=DEFAULT_STREAM, alignment: int = 256) -> "Buffer":
+        """Allocate and wrap in an owning :class:`Buffer`."""
+        s = as_stream(stream)
+        return Buffer(self.allocate(nbytes, s, alignment), nbytes, self, s, alignment)
+
+    def _describe(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        extra = self._describe()
+        return f"{type(self).__name__}({extra})"
+
+
+class Buffer:
+    """Owning memory: ``ptr``, ``size``, the ``resource`` it came from and the ``stream`` it is
+    ordered on. ``close(stream=None)`` gives it back (on ``stream`` if given, which must be ordered
+    after the buffer's uses); a context manager closes on exit; a garbage-collected buffer is closed
+    on its stream. Device-accessible buffers export ``__cuda_array_interface__`` (version 3, with
+    its ``stream`` field) and DLPack.
+    """
+
+    __slots__ = ("ptr", "size", "resource", "stream", "alignment", "__weakref__")
+
+    def __init__(self, ptr: int, size: int, resource: MemoryResource, stream: Stream, alignment: int = 256):
+        self.ptr, self.size, self.resource, self.stream, self.alignment = ptr, size, resource, stream, alignment
+
+    @property
+    def closed(self) -> bool:
+        return self.resource is None
+
+    def close(self, stream=None) -> None:
+        mr = self.resource
+        if mr is None:
+            return
+        s = self.stream if stream is None else as_stream(stream)
+        self.resource = None
+        mr.deallocate(self.ptr, self.size, s, self.alignment)
+
+    def __enter__(self) -> "Buffer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown or a dead driver: nothing useful to do
+            pass
+
+    def __len__(self) -> int:
+        return self.size
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        if self.resource is None:
+            raise ValueError("the buffer is closed")
+        if not self.resource.device_accessible:
+            raise AttributeError("host-only memory has no __cuda_array_interface__")
+        h = self.stream.handle
+        return {"shape": (self.size,), "typestr": "|u1", "data": (self.ptr or 0, False),
+                "strides": None, "version": 3, "stream": 1 if h == 0 else h}
+
+    def __repr__(self) -> str:
+        state = "closed" if self.resource is None else f"from {self.resource!r}"
+        return f"<mrkit.Buffer ptr={self.ptr:#x} size={self.size} {state}>"
+
+
+# -- per-device current resource ---------------------------------------------------------------
+_current: dict[int, MemoryResource] = {}
+_current_lock = threading.Lock()
+
+
+def _device_of(device) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise ValueError(f"device must be a device ordinal >= 0, got {device!r}")
+    return device
+
+
+def _default_resource(device: int) -> MemoryResource:
+    from .driver import get_driver
+    from .resources import CudaMemoryResource, DeviceMemoryResource
+
+    drv = get_driver()
+    if drv.device_capability(device, "memory_pools_supported"):
+        return DeviceMemoryResource(device, driver=drv)
+    return CudaMemoryResource(device, driver=drv)
+
+
+def get_current_resource(device: int | None = None) -> MemoryResource:
+    """The current resource of ``device`` (device 0 by default). Unless set, it is a
+    :class:`~mrkit.resources.DeviceMemoryResource` on the device's default pool (or a
+    :class:`~mrkit.resources.CudaMemoryResource` where pools are unsupported)."""
+    dev = _device_of(device)
+    mr = _current.get(dev)
+    if mr is None:
+        with _current_lock:
+            mr = _current.get(dev)
+            if mr is None:
+                mr = _current[dev] = _default_resource(dev)
+    return mr
+
+
+def set_current_resource(mr: MemoryResource, device: int | None = None) -> MemoryResource | None:
+    """Make ``mr`` the current resource of ``device`` (its own ``device_id``, else 0); returns the previous one."""
+    if not isinstance(mr, MemoryResource):
+        raise TypeError(f"mr must be a MemoryResource, not {type(mr).__name__}")
+    dev = _device_of(device if device is not None else mr.device_id)
+    with _current_lock:
+        old = _current.get(dev)
+        _current[dev] = mr
+    return old
+
+
+@contextmanager
+def using(mr: MemoryResource, device: int | None = None):
+    """``with mrkit.using(mr):`` — ``mr`` is the current resource of its device inside the block."""
+    dev = _device_of(device if device is not None else mr.device_id)
+    old = set_current_resource(mr, dev)
+    try:
+        yield mr
+    finally:
+        with _current_lock:
+            if old is None:
+                _current.pop(dev, None)
+            else:
+                _current[dev] = old
+
+
+def _reset_current_resources() -> None:
+    with _current_lock:
+        _current.clear()

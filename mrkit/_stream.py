@@ -1,0 +1,238 @@
+"""Streams and events, and the normalisation of anything stream-like.
+
+mrkit accepts, wherever a stream is asked for: a :class:`Stream`, :data:`DEFAULT_STREAM`, a raw
+handle int, a ``cuda.bindings`` ``CUstream``, any object with ``__cuda_stream__`` (the CUDA Python
+stream protocol, returning ``(0, handle)``), CuPy streams and PyTorch streams.
+
+Each :class:`Stream` has a stable identity ``uid`` (``cuStreamGetId``) that survives handle reuse:
+a destroyed stream's handle can be handed to a new stream by the driver, but never its ``uid``.
+Normalising is cheap on the hot path: a :class:`Stream` is used as is; a foreign stream object is
+converted once and cached for as long as the object lives (weakly keyed); a raw int handle is
+looked up with one driver call each time (pass a :class:`Stream` to avoid it).
+"""
+from __future__ import annotations
+
+import weakref
+
+from .driver import Driver, get_driver
+
+__all__ = ["Stream", "Event", "DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM", "as_stream", "check_stream"]
+
+_LEGACY_UID = -1
+_PER_THREAD_UID = -2
+
+
+class Stream:
+    """A CUDA stream: owning (made by :meth:`create`, destroyed by :meth:`close`) or non-owning
+    (:meth:`wrap`, :func:`as_stream`). ``driver`` is ``None`` only for the two default streams,
+    which mean "the default stream of whichever driver and device uses them".
+
+    Equality and hashing follow ``uid``, the driver's unique stream id, never the handle.
+    """
+
+    __slots__ = ("handle", "uid", "device", "_driver", "_owning", "_closed", "_owner_ref", "__weakref__")
+
+    def __init__(self, handle: int, uid: int, device: int | None, driver: Driver | None,
+                 owning: bool = False, owner=None) -> None:
+        self.handle = handle
+        self.uid = uid
+        self.device = device
+        self._driver = driver
+        self._owning = owning
+        self._closed = False
+        self._owner_ref = owner  # keeps a foreign owner alive when wrapped explicitly
+
+    # -- construction -------------------------------------------------------------------
+    @classmethod
+    def create(cls, device: int = 0, *, nonblocking: bool = True, priority: int = 0,
+               driver: Driver | None = None) -> "Stream":
+        """Create an owning stream on ``device`` (non-blocking by default)."""
+        drv = driver or get_driver()
+        h = drv.stream_create(device, nonblocking, priority)
+        return cls(h, drv.stream_get_id(h), device, drv, owning=True)
+
+    @classmethod
+    def wrap(cls, handle: int, *, driver: Driver | None = None, owner=None) -> "Stream":
+        """A non-owning view of an existing stream handle (``owner`` is kept alive with it)."""
+        if type(handle) is not int:
+            raise TypeError(f"handle must be an int, not {type(handle).__name__}")
+        if handle == 0 or handle == 1:
+            return DEFAULT_STREAM
+        if handle == 2:
+            return PER_THREAD_DEFAULT_STREAM
+        drv = driver or get_driver()
+        return cls(handle, drv.stream_get_id(handle), drv.stream_get_device(handle), drv, owner=owner)
+
+    # -- protocol and behaviour ------------------------------------------------------------
+    @property
+    def driver(self) -> Driver:
+        return self._driver or get_driver()
+
+    @property
+    def is_default(self) -> bool:
+        return self.uid < 0
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+    def synchronize(self) -> None:
+        self.driver.stream_synchronize(self.handle)
+
+    def query(self) -> bool:
+        """True when all work enqueued so far has completed."""
+        return self.driver.stream_query(self.handle)
+
+    def record(self, event: "Event | None" = None) -> "Event":
+        """Record ``event`` (a new one if omitted) on this stream and return it."""
+        if event is None:
+            event = Event.create(self.device or 0, driver=self.driver)
+        event.record(self)
+        return event
+
+    def wait(self, other: "Event | Stream") -> None:
+        """Make future work on this stream wait for ``other`` (an event, or all work so far on a stream)."""
+        if isinstance(other, Event):
+            self.driver.stream_wait_event(self.handle, other.handle)
+            return
+        other = as_stream(other)
+        ev = Event.create(other.device or 0, driver=self.driver)
+        try:
+            ev.record(other)
+            self.driver.stream_wait_event(self.handle, ev.handle)
+        finally:
+            ev.close()
+
+    def close(self) -> None:
+        """Destroy an owning stream (work already enqueued still completes); no-op otherwise."""
+        if self._owning and not self._closed:
+            self._closed = True
+            self._driver.stream_destroy(self.handle)
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Stream):
+            return NotImplemented
+        return self.uid == other.uid and (self._driver is other._driver or self.uid < 0)
+
+    def __hash__(self) -> int:
+        return hash(self.uid)
+
+    def __repr__(self) -> str:
+        if self.uid == _LEGACY_UID:
+            return "mrkit.DEFAULT_STREAM"
+        if self.uid == _PER_THREAD_UID:
+            return "mrkit.PER_THREAD_DEFAULT_STREAM"
+        kind = "owning" if self._owning else "borrowed"
+        return f"<mrkit.Stream {kind} handle={self.handle:#x} id={self.uid} device={self.device}>"
+
+
+#: The legacy default stream (handle 0) of whichever device and driver uses it.
+DEFAULT_STREAM = Stream(0, _LEGACY_UID, None, None)
+#: The per-thread default stream (handle 2).
+PER_THREAD_DEFAULT_STREAM = Stream(2, _PER_THREAD_UID, None, None)
+
+
+class Event:
+    """A CUDA event (timing disabled). Owning; :meth:`close` destroys it."""
+
+    __slots__ = ("handle", "device", "_driver", "_closed")
+
+    def __init__(self, handle: int, device: int, driver: Driver) -> None:
+        self.handle, self.device, self._driver, self._closed = handle, device, driver, False
+
+    @classmethod
+    def create(cls, device: int = 0, *, driver: Driver | None = None) -> "Event":
+        drv = driver or get_driver()
+        return cls(drv.event_create(device), device, drv)
+
+    def record(self, stream) -> None:
+        self._driver.event_record(self.handle, as_stream(stream).handle)
+
+    def query(self) -> bool:
+        return self._driver.event_query(self.handle)
+
+    def synchronize(self) -> None:
+        self._driver.event_synchronize(self.handle)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._driver.event_destroy(self.handle)
+
+    def __enter__(self) -> "Event":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<mrkit.Event handle={self.handle:#x} device={self.device}>"
+
+
+_foreign: "weakref.WeakKeyDictionary[object, Stream]" = weakref.WeakKeyDictionary()
+
+
+def _foreign_handle(obj) -> int:
+    proto = getattr(type(obj), "__cuda_stream__", None)
+    if proto is not None:
+        info = obj.__cuda_stream__()
+        if not (isinstance(info, tuple) and len(info) == 2 and info[0] == 0 and isinstance(info[1], int)):
+            raise TypeError(f"stream: {type(obj).__name__}.__cuda_stream__() must return (0, handle), got {info!r}")
+        return info[1]
+    mod = type(obj).__module__ or ""
+    name = type(obj).__name__
+    if name == "CUstream" and mod.startswith("cuda"):
+        return int(obj)
+    if mod.startswith("cupy") and hasattr(obj, "ptr"):
+        return int(obj.ptr)
+    if mod.startswith("torch") and hasattr(obj, "cuda_stream"):
+        return int(obj.cuda_stream)
+    raise TypeError(f"stream must be a mrkit.Stream, a stream handle int, or an object with "
+                    f"__cuda_stream__ (CuPy, PyTorch, cuda.core), not {type(obj).__name__}")
+
+
+def as_stream(obj, driver: Driver | None = None) -> Stream:
+    """Normalise a stream-like (see the module docstring) to a :class:`Stream`."""
+    if type(obj) is Stream:
+        return obj
+    if obj is None:
+        raise TypeError("stream is required: pass mrkit.DEFAULT_STREAM for the default stream")
+    if isinstance(obj, bool):
+        raise TypeError("stream must be a stream-like, not bool")
+    if isinstance(obj, int):
+        if obj < 0:
+            raise ValueError(f"stream handle must be >= 0, got {obj}")
+        return Stream.wrap(obj, driver=driver)
+    if isinstance(obj, Stream):
+        return obj
+    try:
+        cached = _foreign.get(obj)
+    except TypeError:  # not hashable / not weak-referenceable: convert every time
+        return Stream.wrap(_foreign_handle(obj), driver=driver)
+    if cached is not None:
+        return cached
+    s = Stream.wrap(_foreign_handle(obj), driver=driver)
+    if s.uid >= 0:
+        # Remember the owner weakly: while it lives its handle names this stream; once it is
+        # collected, the stream may be gone (pools then fall back to a device synchronise).
+        s._owner_ref = weakref.ref(obj)
+        _foreign[obj] = s
+    return s
+
+
+def check_stream(obj) -> None:
+    """Validate a stream-like without touching a driver (for host-only resources)."""
+    if obj is None:
+        raise TypeError("stream is required: pass mrkit.DEFAULT_STREAM for the default stream")
+    if isinstance(obj, (Stream, int)) and not isinstance(obj, bool):
+        if isinstance(obj, int) and obj < 0:
+            raise ValueError(f"stream handle must be >= 0, got {obj}")
+        return
+    if isinstance(obj, bool):
+        raise TypeError("stream must be a stream-like, not bool")
+    _foreign_handle(obj)

@@ -1,0 +1,236 @@
+"""``LoggingAdaptor`` (RMM-compatible CSV event logs), a log reader and ``replay``."""
+from __future__ import annotations
+
+import csv
+import io
+import os
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from .._errors import OutOfMemoryError
+from .._resource import MemoryResource
+from .._stream import DEFAULT_STREAM, Stream
+from ._base import Adaptor
+
+__all__ = ["LoggingAdaptor", "LogEvent", "read_log", "replay", "ReplayReport"]
+
+HEADER = "Thread,Time,Action,Pointer,Size,Stream"
+
+
+class LoggingAdaptor(Adaptor):
+    """Writes one CSV line per event in RMM's format (``Thread,Time,Action,Pointer,Size,Stream``;
+    actions ``allocate``, ``free`` and ``allocate failure``), so logs interchange with RMM's tools.
+
+    ``sink`` is a path (truncated, like RMM) or a text file object. Lines are buffered in memory and
+    written on :meth:`flush` (also every ``buffer_lines`` lines and on :meth:`close`); one lock keeps
+    lines whole and ordered across threads.
+    """
+
+    __slots__ = ("_file", "_owns", "_lock", "_buf", "_limit", "_tid")
+
+    def __init__(self, upstream: MemoryResource, sink, *, buffer_lines: int = 4096) -> None:
+        super().__init__(upstream)
+        if isinstance(sink, (str, os.PathLike)):
+            self._file = open(sink, "w", encoding="ascii", newline="")
+            self._owns = True
+        elif hasattr(sink, "write"):
+            self._file, self._owns = sink, False
+        else:
+            raise TypeError(f"sink must be a path or a text file object, not {type(sink).__name__}")
+        self._lock = threading.Lock()
+        self._buf = [HEADER]
+        self._limit = max(1, int(buffer_lines))
+        self._tid = threading.get_ident
+
+    def _log(self, action: str, ptr: int, nbytes: int, stream) -> None:
+        t = time.time()
+        h = stream.handle if type(stream) is Stream else _handle_of(stream)
+        line = (f"{self._tid()},{time.strftime('%H:%M:%S', time.localtime(t))}.{int(t % 1 * 1e6):06d},"
+                f"{action},{ptr:#x},{nbytes},{h:#x}")
+        with self._lock:
+            buf = self._buf
+            buf.append(line)
+            if len(buf) >= self._limit:
+                self._write()
+
+    def allocate(self, nbytes, stream, alignment=256):
+        try:
+            ptr = self._up_alloc(nbytes, stream, alignment)
+        except OutOfMemoryError:
+            self._log("allocate failure", 0, nbytes, stream)
+            raise
+        self._log("allocate", ptr, nbytes, stream)
+        return ptr
+
+    def deallocate(self, ptr, nbytes, stream, alignment=256):
+        self._up_free(ptr, nbytes, stream, alignment)
+        self._log("free", ptr, nbytes, stream)
+
+    def _write(self) -> None:
+        if self._buf:
+            self._file.write("\n".join(self._buf) + "\n")
+            self._buf = []
+
+    def flush(self) -> None:
+        with self._lock:
+            self._write()
+            self._file.flush()
+
+    def close(self) -> None:
+        self.flush()
+        if self._owns:
+            self._file.close()
+
+
+def _handle_of(stream) -> int:
+    if isinstance(stream, int):
+        return stream
+    if hasattr(stream, "__cuda_stream__"):
+        return stream.__cuda_stream__()[1]
+    return getattr(stream, "handle", 0)
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    """One line of an allocation log."""
+
+    thread: int
+    time: float
+    """Seconds (since the epoch, or since midnight for ``HH:MM:SS.ffffff`` times)."""
+    action: str
+    """``allocate``, ``free`` or ``allocate failure`` (RMM's ``deallocate`` reads as ``free``)."""
+    pointer: int
+    size: int
+    stream: int
+
+
+def _parse_time(text: str) -> float:
+    text = text.strip()
+    if ":" in text:
+        h, m, s = text.split(":", 2)
+        return int(h) * 3600 + int(m) * 60 + float(s.replace(":", "."))
+    try:
+        return float(text)
+    except ValueError:
+        return datetime.fromisoformat(text).timestamp()
+
+
+def read_log(source) -> list[LogEvent]:
+    """Parse a log written by :class:`LoggingAdaptor` or by RMM (a path, a file object or the text
+    itself). Raises ``ValueError`` naming the line of anything it cannot read."""
+    if isinstance(source, (str, os.PathLike)) and (not isinstance(source, str) or "\n" not in source):
+        with open(source, encoding="ascii") as f:
+            text = f.read()
+    elif isinstance(source, str):
+        text = source
+    else:
+        text = source.read()
+    rows = csv.reader(io.StringIO(text))
+    header = next(rows, None)
+    if header is None or [h.strip() for h in header][:6] != HEADER.split(","):
+        raise ValueError(f"line 1: expected the header {HEADER!r}, got {header!r}")
+    events = []
+    for lineno, row in enumerate(rows, start=2):
+        if not row:
+            continue
+        try:
+            thread, t, action, ptr, size, stream = (c.strip() for c in row[:6])
+            action = {"deallocate": "free", "allocate_failure": "allocate failure"}.get(action, action)
+            if action not in ("allocate", "free", "allocate failure"):
+                raise ValueError(f"unknown action {action!r}")
+            events.append(LogEvent(int(thread), _parse_time(t), action, int(ptr, 16), int(size),
+                                   int(stream, 16) if stream.startswith("0x") else int(stream)))
+        except ValueError as exc:
+            raise ValueError(f"line {lineno}: cannot read {row!r}: {exc}") from None
+    return events
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """What :func:`replay` measured."""
+
+    events: int
+    """Events re-issued (allocations, frees and failures counted once each)."""
+    seconds: float
+    """Wall time spent in the resource's allocate/deallocate calls."""
+    peak_live_bytes: int
+    """Highest sum of live allocation sizes during the replay."""
+    failures: int
+    """Allocations that raised OutOfMemoryError during the replay (the log's own failures excluded)."""
+    held_bytes: int | None
+    """What the resource reports holding at the end (``pool_size`` or ``live_bytes``), if it says."""
+
+    @property
+    def us_per_event(self) -> float:
+        return self.seconds * 1e6 / self.events if self.events else 0.0
+
+
+def replay(log, resource: MemoryResource, *, streams: dict | None = None, driver=None) -> ReplayReport:
+    """Re-issue a log's events in order against ``resource``.
+
+    Logged pointers map to the new ones; each logged stream maps to a stream of this process
+    (``0x0`` to :data:`~mrkit.DEFAULT_STREAM`; others to new streams on the resource's device, or as
+    given in ``streams``). Allocations still live at the end are freed. Frees of pointers the log
+    never allocated (a log that starts mid-run) are skipped.
+    """
+    events = read_log(log) if not isinstance(log, list) else log
+    streams = dict(streams or {})
+    made: list[Stream] = []
+    dev = resource.device_id or 0
+
+    def stream_for(h: int):
+        s = streams.get(h)
+        if s is None:
+            if h in (0, 1):
+                s = DEFAULT_STREAM
+            elif not resource.device_accessible:
+                s = DEFAULT_STREAM
+            else:
+                s = Stream.create(dev, driver=driver or getattr(resource, "driver", None))
+                made.append(s)
+            streams[h] = s
+        return s
+
+    live: dict[int, tuple[int, int, Stream]] = {}
+    cur = peak = failures = n = 0
+    elapsed = 0.0
+    clock = time.perf_counter
+    alloc, free = resource.allocate, resource.deallocate
+    try:
+        for ev in events:
+            if ev.action == "allocate failure":
+                continue
+            s = stream_for(ev.stream)
+            n += 1
+            if ev.action == "allocate":
+                t0 = clock()
+                try:
+                    p = alloc(ev.size, s)
+                except OutOfMemoryError:
+                    elapsed += clock() - t0
+                    failures += 1
+                    continue
+                elapsed += clock() - t0
+                live[ev.pointer] = (p, ev.size, s)
+                cur += ev.size
+                peak = max(peak, cur)
+            else:
+                entry = live.pop(ev.pointer, None)
+                if entry is None:
+                    continue
+                t0 = clock()
+                free(entry[0], entry[1], s)
+                elapsed += clock() - t0
+                cur -= entry[1]
+        for p, size, s in live.values():
+            free(p, size, s)
+        held = getattr(resource, "pool_size", None)
+        if held is None:
+            held = getattr(resource, "live_bytes", None)
+    finally:
+        for s in made:
+            s.synchronize()
+            s.close()
+    return ReplayReport(n, elapsed, peak, failures, held)

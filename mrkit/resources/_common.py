@@ -1,0 +1,27 @@
+"""Shared bookkeeping of the driver-backed resources: which pointers they handed out."""
+from __future__ import annotations
+
+__all__ = ["LiveTable"]
+
+
+class LiveTable:
+    """ptr -> nbytes of live allocations, so foreign pointers, double frees and wrong sizes raise
+    ``ValueError`` before any driver call (leaving the resource unchanged)."""
+
+    __slots__ = ("live", "owner")
+
+    def __init__(self, owner) -> None:
+        self.live: dict[int, int] = {}
+        self.owner = owner
+
+    def pop(self, ptr: int, nbytes: int) -> None:
+        size = self.live.get(ptr)
+        if size is None:
+            raise ValueError(f"ptr {ptr:#x} was not allocated by {self.owner!r} or was already freed")
+        if size != nbytes:
+            raise ValueError(f"nbytes {nbytes} does not match the allocation of {size} bytes at {ptr:#x}")
+        del self.live[ptr]
+
+    def restore(self, ptr: int, nbytes: int) -> None:
+        self.live[ptr] = nbytes
+

@@ -1,0 +1,455 @@
+"""``PoolResource``: a stream-ordered coalescing sub-allocator over any upstream resource."""
+from __future__ import annotations
+
+import threading
+import weakref
+from bisect import bisect_left, insort
+
+from .._errors import CUDAError, OutOfMemoryError
+from .._resource import MemoryResource, check_request
+from .._sizes import format_size, parse_size
+from .._stream import DEFAULT_STREAM, Stream, as_stream, check_stream
+from ..driver import Driver, get_driver
+
+__all__ = ["PoolResource"]
+
+_GRAIN = 256  # every block size and offset is a multiple of this
+
+
+class _FreeList:
+    """Free blocks of one stream: a size-sorted list for best fit plus address maps for O(1)
+    neighbour coalescing. Blocks never merge across an upstream-chunk boundary."""
+
+    __slots__ = ("sizes", "start", "end")
+
+    def __init__(self) -> None:
+        self.sizes: list[tuple[int, int]] = []
+        self.start: dict[int, int] = {}
+        self.end: dict[int, int] = {}
+
+    def _add(self, ptr: int, size: int) -> None:
+        insort(self.sizes, (size, ptr))
+        self.start[ptr] = size
+        self.end[ptr + size] = ptr
+
+    def _remove(self, ptr: int, size: int) -> None:
+        del self.sizes[bisect_left(self.sizes, (size, ptr))]
+        del self.start[ptr]
+        del self.end[ptr + size]
+
+    def insert(self, ptr: int, size: int, boundaries) -> None:
+        nxt = ptr + size
+        if nxt not in boundaries:
+            nsize = self.start.get(nxt)
+            if nsize is not None:
+                self._remove(nxt, nsize)
+                size += nsize
+        if ptr not in boundaries:
+            prev = self.end.get(ptr)
+            if prev is not None:
+                psize = self.start[prev]
+                self._remove(prev, psize)
+                ptr, size = prev, size + psize
+        self._add(ptr, size)
+
+    def take(self, size: int) -> int | None:
+        sizes = self.sizes
+        i = bisect_left(sizes, (size, 0))
+        if i == len(sizes):
+            return None
+        bsize, ptr = sizes[i]
+        self._remove(ptr, bsize)
+        if bsize > size:
+            self._add(ptr + size, bsize - size)
+        return ptr
+
+    def largest(self) -> int:
+        return self.sizes[-1][0] if self.sizes else 0
+
+    def total(self) -> int:
+        return sum(s for s, _ in self.sizes)
+
+
+class _StreamState:
+    """Free memory owned by one stream: an exact-size cache (the fast path) and a coalesced list."""
+
+    __slots__ = ("stream", "cache", "free")
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+        self.cache: dict[int, list[int]] = {}
+        self.free = _FreeList()
+
+    def flush(self, boundaries) -> None:
+        free = self.free
+        for size, ptrs in self.cache.items():
+            for p in ptrs:
+                free.insert(p, size, boundaries)
+        self.cache.clear()
+
+    def empty(self) -> bool:
+        return not self.free.sizes and not any(self.cache.values())
+
+    def bytes(self) -> int:
+        return self.free.total() + sum(s * len(v) for s, v in self.cache.items())
+
+
+class PoolResource(MemoryResource):
+    """A stream-ordered coalescing pool over any upstream resource (device pool, VMM, managed,
+    pinned, cuMemAlloc, host, or any composition).
+
+    **Allocation.** Sizes round up to 256 bytes. A request is served, in order, from: the exact-size
+    cache of the requesting stream (the fast path: a dict look-up and a list pop); that stream's
+    coalesced free list (best fit on a size-sorted list; the remainder stays free); the other
+    streams' free memory (below); a new upstream chunk. Chunks grow geometrically (each at least
+    ``growth_factor`` times what the pool holds, ``min_chunk`` at least) within ``maximum_size``.
+
+    **Streams.** Free memory belongs to the stream it was freed on, keyed by the stream's unique id
+    (``cuStreamGetId``), never by its handle, so a new stream that reuses a destroyed stream's handle
+    starts with nothing. A block freed on stream S is reusable on S at once. Stream T takes S's free
+    memory only after T is ordered after S: the pool records one event on S and makes T wait on it,
+    then moves S's whole free list to T (one event per hand-over, none per deallocation). If S may
+    no longer exist (an owning mrkit stream that was closed, a CuPy/PyTorch stream object that was
+    garbage-collected, a raw handle whose lifetime mrkit cannot know), the pool synchronises the
+    device instead, after which S's blocks are idle and safe for anyone.
+
+    **Out of memory.** When the upstream refuses, the pool synchronises the device, pools every
+    stream's free memory, gives fully free chunks back upstream and retries once before raising
+    :class:`~mrkit.OutOfMemoryError` naming the request, the pool's holdings and the upstream's
+    message.
+
+    **Errors.** A double free, a foreign pointer or a wrong size raises ``ValueError`` and leaves the
+    pool unchanged. **Threads:** one lock guards the pool's bookkeeping for each call (including the
+    upstream calls made while growing or trimming); nothing is handed out twice.
+    """
+
+    __slots__ = ("upstream", "driver", "device_id", "maximum_size", "growth_factor", "min_chunk",
+                 "_lock", "_live", "_aligned", "_states", "_chunks", "_boundaries", "_held",
+                 "_event", "_ordered", "_chunk_stream")
+
+    def __init__(self, upstream: MemoryResource, initial_size: int | str = 0,
+                 maximum_size: int | str | None = None, *, growth_factor: float = 0.5,
+                 min_chunk: int | str = 2 << 20, driver: Driver | None = None) -> None:
+        if not isinstance(upstream, MemoryResource):
+            raise TypeError(f"upstream must be a MemoryResource, not {type(upstream).__name__}")
+        initial = -(-parse_size(initial_size, "initial_size") // _GRAIN) * _GRAIN
+        self.maximum_size = None if maximum_size is None else parse_size(maximum_size, "maximum_size")
+        if self.maximum_size is not None and initial > self.maximum_size:
+            raise ValueError(f"initial_size {initial} exceeds maximum_size {self.maximum_size}")
+        if not growth_factor >= 0:
+            raise ValueError(f"growth_factor must be >= 0, got {growth_factor}")
+        self.upstream = upstream
+        self.driver = driver or getattr(upstream, "driver", None)
+        self.device_id = upstream.device_id
+        self.growth_factor = float(growth_factor)
+        self.min_chunk = -(-parse_size(min_chunk, "min_chunk") // _GRAIN) * _GRAIN
+        self._lock = threading.Lock()
+        self._live: dict[int, int] = {}
+        self._aligned: dict[int, tuple[int, int, int]] = {}
+        self._states: dict[int, _StreamState] = {}
+        self._chunks: dict[int, int] = {}  # chunk base -> size
+        self._boundaries: set[int] = set()  # chunk bases: blocks never coalesce across them
+        self._chunk_stream: dict[int, Stream] = {}
+        self._held = 0
+        self._event = None
+        # Host-only memory is not stream ordered: one shared free list for every stream.
+        self._ordered = upstream.device_accessible
+        if initial:
+            with self._lock:
+                st = self._state(DEFAULT_STREAM)
+                ptr = self._grow(initial, DEFAULT_STREAM, exact=True)
+                st.free.insert(ptr, initial, self._boundaries)
+
+    # -- properties -------------------------------------------------------------------------
+    @property
+    def device_accessible(self) -> bool:
+        return self.upstream.device_accessible
+
+    @property
+    def host_accessible(self) -> bool:
+        return self.upstream.host_accessible
+
+    max_alignment = 1 << 20
+
+    @property
+    def pool_size(self) -> int:
+        """Bytes currently held from the upstream."""
+        return self._held
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes handed out (as requested, before rounding) and not yet returned."""
+        with self._lock:
+            return sum(self._live.values()) + sum(n for _, _, n in self._aligned.values())
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes held from the upstream and free in some stream's lists."""
+        with self._lock:
+            return sum(st.bytes() for st in self._states.values())
+
+    # -- the hot path ------------------------------------------------------------------------
+    def allocate(self, nbytes, stream, alignment=256):
+        if type(stream) is not Stream:
+            stream = self._as_stream(stream)
+        if type(nbytes) is not int or nbytes <= 0 or alignment != 256:
+            return self._allocate_slow(nbytes, stream, alignment)
+        size = (nbytes + 255) & -256
+        uid = stream.uid if self._ordered else 0
+        with self._lock:
+            st = self._states.get(uid)
+            if st is not None:
+                lst = st.cache.get(size)
+                if lst:
+                    ptr = lst.pop()
+                    self._live[ptr] = nbytes
+                    return ptr
+            ptr = self._take(size, stream, st)
+            self._live[ptr] = nbytes
+            return ptr
+
+    def deallocate(self, ptr, nbytes, stream, alignment=256):
+        if type(stream) is not Stream:
+            stream = self._as_stream(stream)
+        uid = stream.uid if self._ordered else 0
+        with self._lock:
+            live = self._live
+            if live.get(ptr) != nbytes or alignment > 256:
+                return self._deallocate_slow(ptr, nbytes, stream, alignment)
+            del live[ptr]
+            size = (nbytes + 255) & -256
+            st = self._states.get(uid)
+            if st is None:
+                st = self._state(stream)
+            lst = st.cache.get(size)
+            if lst is None:
+                st.cache[size] = [ptr]
+            else:
+                lst.append(ptr)
+
+    # -- slow paths -------------------------------------------------------------------------
+    def _as_stream(self, stream) -> Stream:
+        if not self._ordered:
+            check_stream(stream)
+            return DEFAULT_STREAM
+        return as_stream(stream, self.driver)
+
+    def _allocate_slow(self, nbytes, stream, alignment):
+        nbytes = check_request(nbytes, alignment, self.max_alignment)
+        if nbytes == 0:
+            return 0
+        if alignment <= 256:
+            return self.allocate(nbytes, stream)
+        size = (nbytes + alignment - _GRAIN + 255) & -256
+        with self._lock:
+            block = self._take(size, stream, self._states.get(stream.uid if self._ordered else 0))
+            ptr = block + (-block % alignment)
+            self._aligned[ptr] = (block, size, nbytes)
+            return ptr
+
+    def _deallocate_slow(self, ptr, nbytes, stream, alignment):
+        if ptr == 0 and nbytes == 0:
+            return
+        entry = self._aligned.get(ptr)
+        if entry is None:
+            size = self._live.get(ptr)
+            if size is None:
+                raise ValueError(f"ptr {ptr:#x} was not allocated by {self!r} or was already freed")
+            if size != nbytes:
+                raise ValueError(f"nbytes {nbytes} does not match the allocation of {size} bytes at {ptr:#x}")
+            # an alignment > 256 was passed for a block allocated without it: treat as normal
+            del self._live[ptr]
+            block, size = ptr, (nbytes + 255) & -256
+        else:
+            block, size, n = entry
+            if n != nbytes:
+                raise ValueError(f"nbytes {nbytes} does not match the allocation of {n} bytes at {ptr:#x}")
+            del self._aligned[ptr]
+        st = self._state(stream)
+        st.cache.setdefault(size, []).append(block)
+
+    def _state(self, stream: Stream) -> _StreamState:
+        uid = stream.uid if self._ordered else 0
+        st = self._states.get(uid)
+        if st is None:
+            st = self._states[uid] = _StreamState(stream)
+        return st
+
+    def _take(self, size: int, stream: Stream, st: _StreamState | None) -> int:
+        """Find ``size`` bytes for ``stream`` (lock held)."""
+        if st is None:
+            st = self._state(stream)
+        ptr = st.free.take(size)
+        if ptr is not None:
+            return ptr
+        if st.cache:
+            st.flush(self._boundaries)
+            ptr = st.free.take(size)
+            if ptr is not None:
+                return ptr
+        if self._ordered and self._steal(size, st):
+            ptr = st.free.take(size)
+            if ptr is not None:
+                return ptr
+        try:
+            chunk = self._grow(size, stream)
+        except OutOfMemoryError as first:
+            ptr = self._reclaim_and_retry(size, stream, st, first)
+            return ptr
+        st.free.insert(chunk, self._chunks[chunk], self._boundaries)
+        return st.free.take(size)
+
+    def _alive(self, s: Stream):
+        """True/False when mrkit knows whether stream ``s`` still exists, None when it cannot."""
+        if s.uid < 0:
+            return True
+        if s._owning:
+            return not s._closed
+        ref = s._owner_ref
+        if isinstance(ref, weakref.ref):
+            return ref() is not None
+        return None
+
+    def _order_after(self, src: Stream, dst: Stream) -> None:
+        drv = self.driver or get_driver()
+        if self._alive(src):
+            if self._event is None:
+                self._event = drv.event_create(self.device_id or 0)
+            drv.event_record(self._event, src.handle)
+            drv.stream_wait_event(dst.handle, self._event)
+        else:
+            drv.ctx_synchronize(self.device_id or 0)
+
+    def _steal(self, size: int, st: _StreamState) -> bool:
+        """Move a whole free list of another stream that can serve ``size`` into ``st``."""
+        for uid, other in list(self._states.items()):
+            if other is st or other.empty():
+                continue
+            if other.cache:
+                other.flush(self._boundaries)
+            if other.free.largest() < size:
+                continue
+            self._order_after(other.stream, st.stream)
+            self._merge(other, st)
+            if self._alive(other.stream) is not True:
+                del self._states[uid]
+            return True
+        return False
+
+    def _merge(self, src: _StreamState, dst: _StreamState) -> None:
+        b = self._boundaries
+        for size, ptr in src.free.sizes:
+            dst.free.insert(ptr, size, b)
+        src.free = _FreeList()
+        for size, ptrs in src.cache.items():
+            for p in ptrs:
+                dst.free.insert(p, size, b)
+        src.cache.clear()
+
+    def _grow(self, size: int, stream: Stream, exact: bool = False) -> int:
+        want = size if exact else max(size, self.min_chunk, int(self._held * self.growth_factor) & -256)
+        if self.maximum_size is not None:
+            room = self.maximum_size - self._held
+            if size > room:
+                raise OutOfMemoryError(
+                    f"{self!r} cannot allocate {size} bytes ({format_size(size)}): it would exceed its "
+                    f"maximum_size of {self.maximum_size} bytes (holding {self._held})", size, self)
+            want = min(want, room)
+        try:
+            ptr = self.upstream.allocate(want, stream)
+        except OutOfMemoryError:
+            if want == size:
+                raise
+            want = size
+            ptr = self.upstream.allocate(want, stream)
+        self._chunks[ptr] = want
+        self._chunk_stream[ptr] = stream
+        self._boundaries.add(ptr)
+        self._held += want
+        return ptr
+
+    def _reclaim_and_retry(self, size, stream, st, first: OutOfMemoryError) -> int:
+        """Upstream refused: pool everything, return idle chunks, retry once."""
+        if self._ordered and self.driver is not None:
+            self.driver.ctx_synchronize(self.device_id or 0)
+            for uid, other in list(self._states.items()):
+                if other is not st:
+                    self._merge(other, st)
+                    del self._states[uid]
+        st.flush(self._boundaries)
+        ptr = st.free.take(size)
+        if ptr is not None:
+            return ptr
+        self._release_free_chunks(st)
+        try:
+            chunk = self._grow(size, stream, exact=True)
+        except OutOfMemoryError as exc:
+            raise OutOfMemoryError(
+                f"{self!r} could not allocate {size} bytes ({format_size(size)}) on {stream!r}: it holds "
+                f"{self._held} bytes from upstream in {len(self._chunks)} chunks with "
+                f"{sum(s.bytes() for s in self._states.values())} free; upstream said: {exc}",
+                size, self) from None
+        st.free.insert(chunk, self._chunks[chunk], self._boundaries)
+        return st.free.take(size)
+
+    def _release_free_chunks(self, st: _StreamState) -> int:
+        """Give back every chunk that is one whole free block of ``st`` (lock held)."""
+        released = 0
+        for size, ptr in list(st.free.sizes):
+            if self._chunks.get(ptr) == size:
+                st.free._remove(ptr, size)
+                try:
+                    self.upstream.deallocate(ptr, size, st.stream if self._ordered else DEFAULT_STREAM)
+                except CUDAError:
+                    st.free._add(ptr, size)
+                    raise
+                del self._chunks[ptr]
+                del self._chunk_stream[ptr]
+                self._boundaries.discard(ptr)
+                self._held -= size
+                released += size
+        return released
+
+    def release(self) -> int:
+        """Give every wholly free chunk back to the upstream; returns the bytes released.
+
+        Synchronises the device first (when the pool has streams to care about), so every free
+        block is idle; free lists of all streams are then pooled, so a chunk whose pieces were freed
+        on different streams coalesces whole again and can be returned.
+        """
+        with self._lock:
+            home_uid = DEFAULT_STREAM.uid
+            if self._ordered and self.driver is not None and any(u != home_uid for u in self._states):
+                self.driver.ctx_synchronize(self.device_id or 0)
+                home = self._state(DEFAULT_STREAM)
+                for uid, st in list(self._states.items()):
+                    if st is not home:
+                        self._merge(st, home)
+                        del self._states[uid]
+            released = 0
+            for st in list(self._states.values()):
+                st.flush(self._boundaries)
+                released += self._release_free_chunks(st)
+            return released
+
+    trim = release
+
+    def close(self) -> None:
+        """Release everything; raises ``ValueError`` if allocations are still live."""
+        with self._lock:
+            if self._live or self._aligned:
+                raise ValueError(f"{self!r} still has {len(self._live) + len(self._aligned)} live allocations")
+        self.release()
+        if self._event is not None and self.driver is not None:
+            self.driver.event_destroy(self._event)
+            self._event = None
+
+    def __eq__(self, other):
+        return other is self
+
+    def __hash__(self):
+        return id(self)
+
+    def _describe(self) -> str:
+        lim = "" if self.maximum_size is None else f", maximum_size={self.maximum_size}"
+        return f"{self.upstream!r}{lim}"

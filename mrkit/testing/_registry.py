@@ -1,0 +1,43 @@
+"""Factories of every resource and adaptor mrkit ships, for the conformance suite and the machine."""
+from __future__ import annotations
+
+import io
+
+from ..adaptors import LimitingAdaptor, LoggingAdaptor, RetryAdaptor, StatisticsAdaptor, TrackingAdaptor
+from ..resources import (
+    CudaMemoryResource, DeviceMemoryResource, DeviceMemoryResourceOptions, HostMemoryResource,
+    ManagedMemoryResource, PinnedMemoryResource,
+)
+from ..suballoc import PoolResource
+
+__all__ = ["BUILTIN_FACTORIES"]
+
+
+def _owned_pool(drv):
+    return DeviceMemoryResource(0, DeviceMemoryResourceOptions(initial_size=1 << 20, release_threshold=0), driver=drv)
+
+
+#: name -> factory(driver) for every resource and adaptor, alone and in compositions.
+BUILTIN_FACTORIES = {
+    "cuda": lambda drv: CudaMemoryResource(driver=drv),
+    "host": lambda drv: HostMemoryResource(),
+    "pinned": lambda drv: PinnedMemoryResource(driver=drv),
+    "managed": lambda drv: ManagedMemoryResource(driver=drv),
+    "device(current pool)": lambda drv: DeviceMemoryResource(driver=drv),
+    "device(owned pool)": _owned_pool,
+    "pool(cuda)": lambda drv: PoolResource(CudaMemoryResource(driver=drv)),
+    "pool(device)": lambda drv: PoolResource(DeviceMemoryResource(driver=drv), min_chunk=1 << 20),
+    "pool(pinned)": lambda drv: PoolResource(PinnedMemoryResource(driver=drv)),
+    "pool(managed)": lambda drv: PoolResource(ManagedMemoryResource(driver=drv)),
+    "pool(host)": lambda drv: PoolResource(HostMemoryResource()),
+    "pool(cuda, bounded)": lambda drv: PoolResource(CudaMemoryResource(driver=drv), 1 << 20, 64 << 20),
+    "statistics(pool(device))": lambda drv: StatisticsAdaptor(PoolResource(DeviceMemoryResource(driver=drv))),
+    "limiting(cuda)": lambda drv: LimitingAdaptor(CudaMemoryResource(driver=drv), "64 MiB"),
+    "statistics(limiting(pool(device)))": lambda drv: StatisticsAdaptor(
+        LimitingAdaptor(PoolResource(DeviceMemoryResource(driver=drv)), "128 MiB")),
+    "tracking(logging(pool(cuda)))": lambda drv: TrackingAdaptor(
+        LoggingAdaptor(PoolResource(CudaMemoryResource(driver=drv)), io.StringIO()), capture_stacks=True),
+    "retry(limiting(pool(cuda)))": lambda drv: RetryAdaptor(
+        LimitingAdaptor(PoolResource(CudaMemoryResource(driver=drv)), "32 MiB"), lambda n, attempt: attempt < 2),
+    "statistics(host)": lambda drv: StatisticsAdaptor(HostMemoryResource()),
+}

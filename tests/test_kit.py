@@ -1,0 +1,143 @@
+"""The testing kit over every shipped resource, and the broken resources it must reject."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+
+import mrkit
+from mrkit import CudaMemoryResource, OutOfMemoryError, PoolResource, StatisticsAdaptor, StreamOrderViolation
+from mrkit.resources import HostMemoryResource
+from mrkit.testing import BUILTIN_FACTORIES, CHECKS, conformance_test_class, default_backend, make_state_machine, run_conformance
+
+BACKEND = default_backend()
+_gpu = [pytest.mark.gpu] if BACKEND == "cuda" else []
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_FACTORIES), ids=str)
+def test_conformance(name, request):
+    for m in _gpu:
+        request.applymarker(m)
+    if BACKEND == "cuda":
+        request.getfixturevalue("gpu")
+    assert run_conformance(BUILTIN_FACTORIES[name], backend=BACKEND) == list(CHECKS)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_FACTORIES), ids=str)
+def test_state_machine(name, request):
+    if BACKEND == "cuda":
+        request.getfixturevalue("gpu")
+    run_state_machine_as_test(make_state_machine(BUILTIN_FACTORIES[name], backend=BACKEND))
+
+
+TestHostConformance = conformance_test_class(lambda drv: HostMemoryResource(), backend="sim")
+
+
+# -- broken resources: the kit must fail on each ---------------------------------------------
+class NoWaitPool(PoolResource):
+    """Takes another stream's free blocks without ordering the streams (rapidsai/rmm#2489's class of bug)."""
+
+    def _order_after(self, src, dst):
+        pass
+
+
+class OverlappingBump(CudaMemoryResource):
+    """Carves blocks from one big allocation but steps one granule short: neighbours overlap."""
+
+    def __init__(self, driver):
+        super().__init__(driver=driver)
+        self._base = self.driver.mem_alloc(0, 256 << 20)
+        self._off = 0
+
+    def _raw_alloc(self, nbytes):
+        p = self._base + self._off
+        self._off += max(256, -(-nbytes // 256) * 256 - 256)
+        return p
+
+    def _raw_free(self, ptr, stream):
+        pass
+
+
+class Misaligned(CudaMemoryResource):
+    def _raw_alloc(self, nbytes):
+        return super()._raw_alloc(nbytes + 64) + 32
+
+    def _raw_free(self, ptr, stream):
+        super()._raw_free(ptr - 32, stream)
+
+
+class LosesFrees(PoolResource):
+    """Forgets to give large blocks back: the memory is lost."""
+
+    def deallocate(self, ptr, nbytes, stream, alignment=256):
+        if nbytes > 4096:
+            with self._lock:
+                del self._live[ptr]
+            return
+        super().deallocate(ptr, nbytes, stream, alignment)
+
+
+class DriftingStatistics(StatisticsAdaptor):
+    """Subtracts the size rounded down to 256 bytes on free: counters drift."""
+
+    def deallocate(self, ptr, nbytes, stream, alignment=256):
+        self._up_free(ptr, nbytes, stream, alignment)
+        with self._lock:
+            counters = self._stack[-1]
+            counters[0] -= nbytes & ~255 if nbytes > 256 else nbytes
+            counters[3] -= 1
+
+
+class AcceptsDoubleFree(CudaMemoryResource):
+    def deallocate(self, ptr, nbytes, stream, alignment=256):
+        if ptr not in self._live.live:
+            return
+        super().deallocate(ptr, nbytes, stream, alignment)
+
+
+BROKEN = {
+    "reuse across streams without a wait": (lambda d: NoWaitPool(CudaMemoryResource(driver=d)), StreamOrderViolation),
+    "off-by-one overlap": (lambda d: OverlappingBump(d), AssertionError),
+    "misaligned pointers": (lambda d: Misaligned(driver=d), AssertionError),
+    "lost frees": (lambda d: LosesFrees(CudaMemoryResource(driver=d)), AssertionError),
+    "statistics that drift": (lambda d: DriftingStatistics(CudaMemoryResource(driver=d)), AssertionError),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_state_machine_rejects_broken_resource(name):
+    factory, expected = BROKEN[name]
+    machine = make_state_machine(factory, backend="sim", max_streams=4)
+    with pytest.raises(expected):
+        run_state_machine_as_test(machine, settings=settings(
+            max_examples=300, stateful_step_count=60, deadline=None, database=None, derandomize=True,
+            report_multiple_bugs=False))
+
+
+@pytest.mark.parametrize("name,factory", [
+    ("misaligned pointers", lambda d: Misaligned(driver=d)),
+    ("off-by-one overlap", lambda d: OverlappingBump(d)),
+    ("double free accepted", lambda d: AcceptsDoubleFree(driver=d)),
+])
+def test_conformance_rejects_broken_resource(name, factory):
+    with pytest.raises(AssertionError, match="conformance check"):
+        run_conformance(factory, backend="sim")
+
+
+def test_conformance_rejects_a_resource_that_never_runs_out():
+    class Infinite(HostMemoryResource):
+        def allocate(self, nbytes, stream, alignment=256):
+            return super().allocate(min(nbytes, 1 << 20), stream, alignment)
+
+        def deallocate(self, ptr, nbytes, stream, alignment=256):
+            super().deallocate(ptr, min(nbytes, 1 << 20), stream, alignment)
+
+    with pytest.raises(AssertionError, match="impossible_size"):
+        run_conformance(lambda d: Infinite(), backend="sim")
+
+
+def test_out_of_memory_in_the_machine_leaves_state_intact():
+    machine = make_state_machine(lambda d: mrkit.LimitingAdaptor(CudaMemoryResource(driver=d), 3 << 20), backend="sim")
+    run_state_machine_as_test(machine, settings=settings(max_examples=30, stateful_step_count=40, deadline=None))
+    with pytest.raises(OutOfMemoryError):
+        mrkit.LimitingAdaptor(HostMemoryResource(), 10).allocate(11, mrkit.DEFAULT_STREAM)
