@@ -184,7 +184,7 @@ class _Region:
     """A range of the address space: a driver allocation, a pool block or a VMM reservation."""
 
     __slots__ = ("base", "size", "kind", "dev", "backing", "records", "live", "pool", "advice",
-                 "host_accessible", "mappings", "attach")
+                 "host_accessible", "mappings", "attach", "in_use")
 
     def __init__(self, base, size, kind, dev, host_accessible=False):
         self.base, self.size, self.kind, self.dev = base, size, kind, dev
@@ -196,6 +196,7 @@ class _Region:
         self.host_accessible = host_accessible
         self.mappings: dict[int, "_Mapping"] = {}  # page index -> mapping (reservations)
         self.attach = "global"
+        self.in_use = 0  # bytes of a pool block in use by the application
 
     @property
     def end(self) -> int:
@@ -1150,7 +1151,8 @@ class SimDriver(Driver):
             if best is not None:
                 p.free.remove(best)
             self._enqueue(s, "alloc", None, f"alloc [{chosen.base:#x}, +{chosen.size}) from pool {pool:#x}", prepared)
-            p.used += chosen.size
+            chosen.in_use = need
+            p.used += need
             p.used_high = max(p.used_high, p.used)
             chosen.live = True
             return chosen.base
@@ -1170,7 +1172,7 @@ class SimDriver(Driver):
             prepared = self._next(s)
             self._check_access(ptr, r.size, "free", prepared, f"cuMemFreeAsync {ptr:#x} on {s.label}", stream=s)
             op = self._enqueue(s, "free", None, f"free [{ptr:#x}, +{r.size})", prepared)
-            p.used -= r.size
+            p.used -= r.in_use
             p.free.append([r, s.uid, op])
             if p.destroyed:
                 self._complete(op)

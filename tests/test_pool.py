@@ -1,0 +1,244 @@
+"""PoolResource: fast path, coalescing, streams, growth, release, errors, threads."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from mrkit import (
+    DEFAULT_STREAM, CudaMemoryResource, DeviceMemoryResource, HostMemoryResource, LimitingAdaptor,
+    OutOfMemoryError, PoolResource, Stream, StreamOrderViolation,
+)
+from mrkit.driver import SimDeviceSpec, SimDriver
+from mrkit.testing import make_state_machine
+
+
+def test_same_stream_reuse_is_immediate_and_exact(sim):
+    pool = PoolResource(CudaMemoryResource())
+    s = Stream.create()
+    p = pool.allocate(1000, s)
+    pool.deallocate(p, 1000, s)
+    assert pool.allocate(1000, s) == p  # the exact-size fast path
+    assert pool.live_bytes == 1000 and pool.pool_size == 2 << 20
+
+
+def test_best_fit_and_coalescing(sim):
+    pool = PoolResource(CudaMemoryResource(), initial_size=3 * 4096, growth_factor=0, min_chunk=4096)
+    s = DEFAULT_STREAM
+    a, b, c = (pool.allocate(4096, s) for _ in range(3))
+    assert (b - a, c - b) == (4096, 4096) and pool.pool_size == 3 * 4096
+    pool.deallocate(a, 4096, s)
+    pool.deallocate(b, 4096, s)
+    big = pool.allocate(8192, s)  # a and b coalesce (the exact-size cache is flushed on a miss)
+    assert big == a and pool.pool_size == 3 * 4096
+    pool.deallocate(big, 8192, s)
+    pool.deallocate(c, 4096, s)
+    assert pool.release() == 3 * 4096 and pool.pool_size == 0
+
+
+def test_blocks_of_different_chunks_never_merge(sim):
+    pool = PoolResource(CudaMemoryResource(), min_chunk=4096, growth_factor=0)
+    s = DEFAULT_STREAM
+    a = pool.allocate(4096, s)
+    b = pool.allocate(4096, s)
+    assert len(pool._chunks) == 2
+    pool.deallocate(a, 4096, s)
+    pool.deallocate(b, 4096, s)
+    pool._states[s.uid].flush(pool._boundaries)
+    sizes = sorted(sz for sz, _ in pool._states[s.uid].free.sizes)
+    assert sizes == [4096, 4096]  # even if the chunks happen to be adjacent
+    assert pool.release() == 8192
+
+
+def test_geometric_growth_and_maximum(sim):
+    pool = PoolResource(CudaMemoryResource(), initial_size="1 MiB", maximum_size="8 MiB", min_chunk=1 << 20, growth_factor=1.0)
+    assert pool.pool_size == 1 << 20
+    s = DEFAULT_STREAM
+    ps = [pool.allocate(1 << 20, s) for _ in range(4)]
+    assert pool.pool_size == 4 << 20  # 1 + 1 + 2 MiB chunks
+    with pytest.raises(OutOfMemoryError, match="maximum_size"):
+        pool.allocate(8 << 20, s)
+    assert pool.live_bytes == 4 << 20  # unchanged by the failure
+    for p in ps:
+        pool.deallocate(p, 1 << 20, s)
+
+
+def test_cross_stream_takeover_records_one_event_not_one_per_free():
+    drv = SimDriver()
+    pool = PoolResource(CudaMemoryResource(driver=drv))
+    a, b = Stream.create(driver=drv), Stream.create(driver=drv)
+    ptrs = [pool.allocate(4096, a) for _ in range(50)]
+    for p in ptrs:
+        drv.touch(p, 4096, a.handle)
+    calls = []
+    orig = drv.event_record
+    drv.event_record = lambda e, s: (calls.append(s), orig(e, s))[1]
+    for p in ptrs:
+        pool.deallocate(p, 4096, a)
+    assert calls == []  # no event per deallocation
+    big = pool.allocate(1 << 20, b)  # b has nothing: one event on a, b waits, a's list moves to b
+    assert calls == [a.handle]
+    drv.touch(big, 1 << 20, b.handle)  # no StreamOrderViolation: b is ordered after a's kernels
+    pool.deallocate(big, 1 << 20, b)
+    assert calls == [a.handle]
+
+
+def test_destroyed_stream_falls_back_to_a_device_synchronise():
+    drv = SimDriver()
+    pool = PoolResource(CudaMemoryResource(driver=drv))
+    a, b = Stream.create(driver=drv), Stream.create(driver=drv)
+    p = pool.allocate(1 << 20, a)
+    drv.touch(p, 1 << 20, a.handle)
+    pool.deallocate(p, 1 << 20, a)
+    a.close()  # a's kernel is still pending
+    handle = a.handle
+    c = Stream.create(driver=drv)
+    assert c.handle == handle  # the driver reused the handle for a new stream
+    q = pool.allocate(4 << 20, c)  # a new stream on a's old handle inherits nothing
+    assert q != p
+    drv.touch(q, 4 << 20, c.handle)
+    r = pool.allocate(1 << 20, b)  # takes a's memory after a synchronise
+    assert r == p
+    drv.touch(r, 1 << 20, b.handle)
+
+
+def test_rmm_2489_three_streams_after_a_merge_cannot_corrupt():
+    """rapidsai/rmm#2489: blocks freed on two streams merged, then reused on a third without
+    waiting for both. Here every hand-over orders the taker after the giver."""
+    for seed in range(30):
+        drv = SimDriver(policy="random", seed=seed)
+        pool = PoolResource(CudaMemoryResource(driver=drv), min_chunk=1 << 16)
+        s1, s2, s3 = (Stream.create(driver=drv) for _ in range(3))
+        x = pool.allocate(1 << 15, s1)
+        y = pool.allocate(1 << 15, s1)
+        pool.deallocate(x, 1 << 15, s1)
+        pool.deallocate(y, 1 << 15, s1)
+        u = pool.allocate(1 << 15, s2)  # s2 takes s1's list
+        drv.memset_async(u, 2, 1 << 15, s2.handle)
+        pool.deallocate(u, 1 << 15, s2)
+        w = pool.allocate(1 << 16, s3)  # s3 needs the merged block made of s1 and s2 memory
+        drv.memset_async(w, 3, 1 << 16, s3.handle)
+        drv.run_all()
+        assert drv.peek(w, 1 << 16) == b"\x03" * (1 << 16)
+
+
+def test_pool_state_machine_with_many_streams_and_interleavings():
+    machine = make_state_machine(lambda d: PoolResource(CudaMemoryResource(driver=d), min_chunk=1 << 16),
+                                 backend="sim", max_streams=5)
+    run_state_machine_as_test(machine, settings=settings(max_examples=60, stateful_step_count=60, deadline=None))
+
+
+def test_out_of_memory_releases_cached_blocks_and_retries():
+    drv = SimDriver([SimDeviceSpec(total_memory=8 << 20)])
+    pool = PoolResource(CudaMemoryResource(driver=drv), min_chunk=1 << 20, growth_factor=0)
+    a, b = Stream.create(driver=drv), Stream.create(driver=drv)
+    ptrs = [pool.allocate(1 << 20, a) for _ in range(8)]
+    for p in ptrs:
+        pool.deallocate(p, 1 << 20, a)
+    assert pool.pool_size == 8 << 20
+    big = pool.allocate(4 << 20, b)  # needs chunks back and a fresh 4 MiB chunk
+    drv.touch(big, 4 << 20, b.handle)
+    pool.deallocate(big, 4 << 20, b)
+    with pytest.raises(OutOfMemoryError) as e:
+        pool.allocate(16 << 20, b)
+    msg = str(e.value)
+    assert "16777216" in msg and "holds" in msg and "upstream said" in msg
+
+
+def test_bad_frees_leave_the_pool_unchanged(sim):
+    pool = PoolResource(CudaMemoryResource())
+    s = DEFAULT_STREAM
+    p = pool.allocate(1000, s)
+    for bad_ptr, bad_n, msg in ((p + 256, 1000, "not allocated"), (p, 1001, "does not match"),
+                                (12345, 8, "not allocated")):
+        with pytest.raises(ValueError, match=msg):
+            pool.deallocate(bad_ptr, bad_n, s)
+    assert pool.live_bytes == 1000
+    pool.deallocate(p, 1000, s)
+    with pytest.raises(ValueError, match="already freed"):
+        pool.deallocate(p, 1000, s)
+
+
+def test_large_alignments(sim):
+    pool = PoolResource(CudaMemoryResource())
+    s = DEFAULT_STREAM
+    ps = [(pool.allocate(n, s, a), n, a) for n, a in ((100, 4096), (5000, 65536), (1, 1 << 20))]
+    for p, n, a in ps:
+        assert p % a == 0
+    assert pool.live_bytes == 5101
+    with pytest.raises(ValueError):
+        pool.deallocate(ps[0][0], 99, s, 4096)
+    for p, n, a in ps:
+        pool.deallocate(p, n, s, a)
+    assert pool.live_bytes == 0
+
+
+def test_host_upstream_ignores_streams():
+    pool = PoolResource(HostMemoryResource())
+    p = pool.allocate(100, 0)
+    pool.deallocate(p, 100, 12345)  # any stream-like is fine; host memory is not stream ordered
+    assert pool.allocate(100, DEFAULT_STREAM) == p
+
+
+def test_eight_threads_never_share_a_block(sim):
+    pool = PoolResource(LimitingAdaptor(CudaMemoryResource(), "512 MiB"))
+    owned: dict[int, int] = {}
+    lock = threading.Lock()
+    errors = []
+
+    def work(tid):
+        s = DEFAULT_STREAM
+        try:
+            mine = []
+            for i in range(400):
+                n = 256 * (1 + (i * 7 + tid) % 40)
+                p = pool.allocate(n, s)
+                with lock:
+                    for q, m in owned.items():
+                        if q < p + n and p < q + m:
+                            errors.append((p, n, q, m))
+                    owned[p] = n
+                mine.append((p, n))
+                if i % 3 == 0:
+                    q, m = mine.pop(0)
+                    with lock:
+                        del owned[q]
+                    pool.deallocate(q, m, s)
+            for q, m in mine:
+                with lock:
+                    del owned[q]
+                pool.deallocate(q, m, s)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and pool.live_bytes == 0
+
+
+def test_pool_over_device_pool_uses_stream_ordered_chunks():
+    drv = SimDriver()
+    up = DeviceMemoryResource(driver=drv)
+    pool = PoolResource(up)
+    s = Stream.create(driver=drv)
+    p = pool.allocate(1000, s)
+    drv.touch(p, 1000, s.handle)
+    pool.deallocate(p, 1000, s)
+    assert pool.release() == 2 << 20 and up.live_bytes == 0
+    with pytest.raises(StreamOrderViolation):
+        drv.touch(p, 8, s.handle)  # the chunk went back to the driver pool
+
+
+def test_close_refuses_with_live_allocations(sim):
+    pool = PoolResource(CudaMemoryResource())
+    p = pool.allocate(10, DEFAULT_STREAM)
+    with pytest.raises(ValueError, match="live allocations"):
+        pool.close()
+    pool.deallocate(p, 10, DEFAULT_STREAM)
+    pool.close()
+    assert pool.pool_size == 0
