@@ -153,7 +153,7 @@ def test_foreign_streams_from_cupy_and_torch(gpu):
     cupy = pytest.importorskip("cupy")
     cs = cupy.cuda.Stream(non_blocking=True)
     ms = as_stream(cs)
-    assert ms.handle == cs.ptr and ms.uid == gpu.stream_get_id(cs.ptr) and as_stream(cs) is ms
+    assert ms.handle == cs.ptr and ms.uid == gpu.stream_get_id(cs.ptr) and as_stream(cs).uid == ms.uid
     torch = pytest.importorskip("torch")
     ts = torch.cuda.Stream()
     mt = as_stream(ts)

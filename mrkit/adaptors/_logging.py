@@ -28,7 +28,7 @@ class LoggingAdaptor(Adaptor):
     lines whole and ordered across threads.
     """
 
-    __slots__ = ("_file", "_owns", "_lock", "_buf", "_limit", "_tid")
+    __slots__ = ("_file", "_owns", "_lock", "_buf", "_limit", "_tid", "_sec", "_hms")
 
     def __init__(self, upstream: MemoryResource, sink, *, buffer_lines: int = 4096) -> None:
         super().__init__(upstream)
@@ -43,12 +43,15 @@ class LoggingAdaptor(Adaptor):
         self._buf = [HEADER]
         self._limit = max(1, int(buffer_lines))
         self._tid = threading.get_ident
+        self._sec, self._hms = -1, ""
 
     def _log(self, action: str, ptr: int, nbytes: int, stream) -> None:
         t = time.time()
+        sec = int(t)
+        if sec != self._sec:  # formatting the wall clock is slow: once a second is enough
+            self._sec, self._hms = sec, time.strftime("%H:%M:%S", time.localtime(sec))
         h = stream.handle if type(stream) is Stream else _handle_of(stream)
-        line = (f"{self._tid()},{time.strftime('%H:%M:%S', time.localtime(t))}.{int(t % 1 * 1e6):06d},"
-                f"{action},{ptr:#x},{nbytes},{h:#x}")
+        line = f"{self._tid()},{self._hms}.{int((t - sec) * 1e6):06d},{action},{ptr:#x},{nbytes},{h:#x}"
         with self._lock:
             buf = self._buf
             buf.append(line)

@@ -94,7 +94,7 @@ class CudaDriver(Driver):
 
     def __init__(self) -> None:
         self._drv = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # ensure_context loads the driver while holding it
         self._ctx: dict[int, object] = {}
         self._tls = threading.local()
         self._pool_dev: dict[int, int] = {}

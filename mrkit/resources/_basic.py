@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._errors import OutOfMemoryError
+from .._errors import CUDAError, OutOfMemoryError
 from .._resource import MemoryResource, check_request
 from .._sizes import format_size
 from .._stream import Stream, as_stream, check_stream
@@ -13,7 +13,14 @@ from ._common import LiveTable
 __all__ = ["CudaMemoryResource", "HostMemoryResource", "PinnedMemoryResource", "ManagedMemoryResource"]
 
 
-def _oom(exc: OutOfMemoryError, nbytes: int, mr) -> OutOfMemoryError:
+def _impossible(mr) -> int:
+    """A size no allocation of ``mr`` can reach: the device's memory, or the host's address space."""
+    if mr.device_id is not None:
+        return mr.driver.device_total_mem(mr.device_id)
+    return 1 << 47
+
+
+def _oom(exc: Exception, nbytes: int, mr) -> OutOfMemoryError:
     return OutOfMemoryError(f"{mr!r} could not allocate {nbytes} bytes ({format_size(nbytes)}): {exc}",
                             nbytes, mr)
 
@@ -44,6 +51,12 @@ class _DriverResource(MemoryResource):
             ptr = self._raw_alloc(nbytes)
         except OutOfMemoryError as exc:
             raise _oom(exc, nbytes, self) from None
+        except CUDAError as exc:
+            # Some drivers answer INVALID_VALUE rather than OUT_OF_MEMORY for sizes beyond any
+            # device: report what the user needs to know, that the request cannot be served.
+            if exc.name == "CUDA_ERROR_INVALID_VALUE" and nbytes > _impossible(self):
+                raise _oom(exc, nbytes, self) from None
+            raise
         self._live.live[ptr] = nbytes
         return ptr
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._errors import OutOfMemoryError
+from .._errors import CUDAError, OutOfMemoryError
 from .._resource import MemoryResource, check_request
 from .._sizes import format_size, parse_size
 from .._stream import Stream, as_stream
@@ -237,7 +237,10 @@ class DeviceMemoryResource(MemoryResource):
             stream = as_stream(stream, self.driver)
         try:
             ptr = self._alloc(nbytes, self._h, stream.handle)
-        except OutOfMemoryError as exc:
+        except (OutOfMemoryError, CUDAError) as exc:
+            if not isinstance(exc, OutOfMemoryError) and not (
+                    exc.name == "CUDA_ERROR_INVALID_VALUE" and nbytes > self.driver.device_total_mem(self.device_id)):
+                raise
             raise OutOfMemoryError(
                 f"{self!r} could not allocate {nbytes} bytes ({format_size(nbytes)}) on {stream!r}; "
                 f"the pool holds {self.pool.reserved_mem_current} bytes reserved, "

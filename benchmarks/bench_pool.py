@@ -1,0 +1,248 @@
+"""Allocation speed and footprint: mrkit's pool beside CuPy, PyTorch and RMM, in one run.
+
+Measures (all from Python, warm, one process, one GPU):
+
+* pairs     — alloc+free pairs of 256 B, 64 KiB and 8 MiB on one stream (us per pair);
+* batch     — 1000 log-uniform sizes (256 B .. 4 MiB) allocated, then freed in random order (us per pair);
+* random    — RMM's random-allocation workload: 10000 ops, 50/50 alloc/free, sizes uniform to 8 MiB;
+* streams   — 8 streams, 8000 ops, one free in four on another stream ordered after the owner;
+              reports us per op and the peak footprint each allocator held;
+* adaptors  — the overhead of StatisticsAdaptor and LoggingAdaptor over the pool (ns per pair).
+
+Run: ``python benchmarks/bench_pool.py [--quick] [--json out.json]`` (GPU); RMM is measured if importable.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import random
+import sys
+import time
+
+import mrkit
+from mrkit import DeviceMemoryResource, LoggingAdaptor, PoolResource, StatisticsAdaptor, Stream
+
+
+def _timeit(fn, repeat=3):
+    best = math.inf
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        n = fn()
+        best = min(best, (time.perf_counter() - t0) / n)
+    return best * 1e6
+
+
+# -- allocator adapters: each returns (alloc(n, si) -> handle, free(handle, si), footprint(), sync()) ----------
+def mrkit_peer(kind, streams):
+    base = DeviceMemoryResource(0)
+    pool = PoolResource(base)
+    mr = {"pool": pool, "stats": StatisticsAdaptor(pool), "log": LoggingAdaptor(pool, io.StringIO()),
+          "driver-pool": base}[kind]
+    a, f = mr.allocate, mr.deallocate
+
+    def alloc(n, si):
+        return (a(n, streams[si]), n)
+
+    def free(h, si, owner=None):
+        if owner is not None and owner != si:
+            streams[si].wait(streams[owner])
+        f(h[0], h[1], streams[si])
+
+    def footprint():
+        return pool.pool_size if kind != "driver-pool" else base.pool.reserved_mem_high
+    return alloc, free, footprint
+
+
+def cupy_peer(kind, streams):
+    import cupy
+    pool = cupy.cuda.MemoryPool() if kind == "MemoryPool" else cupy.cuda.MemoryAsyncPool()
+    cs = [cupy.cuda.ExternalStream(s.handle) for s in streams]
+    malloc = pool.malloc
+
+    def alloc(n, si):
+        with cs[si]:
+            return malloc(n)
+
+    def free(h, si, owner=None):
+        if owner is not None and owner != si:
+            streams[si].wait(streams[owner])
+        del h
+
+    def footprint():
+        return pool.total_bytes() if kind == "MemoryPool" else pool.total_bytes()
+    return alloc, free, footprint
+
+
+def torch_peer(streams):
+    import torch
+    ts = [torch.cuda.ExternalStream(s.handle) for s in streams]
+    ca, cd = torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete
+
+    def alloc(n, si):
+        return ca(n, 0, ts[si])
+
+    def free(h, si, owner=None):
+        if owner is not None and owner != si:
+            streams[si].wait(streams[owner])
+        cd(h)
+
+    def footprint():
+        return torch.cuda.max_memory_reserved()
+    return alloc, free, footprint
+
+
+def rmm_peer(streams):
+    import rmm
+    mr = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource())
+    from rmm.pylibrmm.stream import Stream as RStream  # noqa: F401
+
+    def alloc(n, si):
+        return rmm.DeviceBuffer(size=n, mr=mr)
+
+    def free(h, si, owner=None):
+        del h
+
+    def footprint():
+        return mr.pool_size()
+    return alloc, free, footprint
+
+
+# -- workloads ---------------------------------------------------------------------------------------------------
+def pairs(peer, n, count):
+    alloc, free, _ = peer
+
+    def run():
+        for _ in range(count):
+            free(alloc(n, 0), 0)
+        return count
+    run()
+    return _timeit(run)
+
+
+def batch(peer, sizes, order, reps):
+    alloc, free, _ = peer
+
+    def run():
+        for _ in range(reps):
+            hs = [alloc(n, 0) for n in sizes]
+            for i in order:
+                free(hs[i], 0)
+            hs = None
+        return reps * len(sizes)
+    run()
+    return _timeit(run, repeat=2)
+
+
+def random_workload(peer, ops, seed=1):
+    alloc, free, _ = peer
+    rng = random.Random(seed)
+    plan = [(rng.random() < 0.5, rng.randint(1, 8 << 20), rng.random()) for _ in range(ops)]
+
+    def run():
+        live = []
+        for is_alloc, n, r in plan:
+            if is_alloc or not live:
+                live.append(alloc(n, 0))
+            else:
+                free(live.pop(int(r * len(live))), 0)
+        for h in live:
+            free(h, 0)
+        return ops
+    run()
+    return _timeit(run, repeat=2)
+
+
+def multistream(peer, ops, seed=2):
+    alloc, free, footprint = peer
+    rng = random.Random(seed)
+    plan = [(rng.randrange(8), rng.random() < 0.55, int(2 ** rng.uniform(8, 22)), rng.random(), rng.random() < 0.25)
+            for _ in range(ops)]
+
+    def run():
+        live = []
+        for si, is_alloc, n, r, cross in plan:
+            if is_alloc or not live:
+                live.append((alloc(n, si), si))
+            else:
+                h, owner = live.pop(int(r * len(live)))
+                free(h, (owner + 1) % 8 if cross else owner, owner)
+        for h, owner in live:
+            free(h, owner, owner)
+        return ops
+    us = _timeit(run, repeat=2)
+    return us, footprint()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    count = 5000 if args.quick else 20000
+    streams = [Stream.create(0) for _ in range(8)]
+    rng = random.Random(0)
+    sizes = [int(2 ** rng.uniform(8, 22)) for _ in range(1000)]
+    order = list(range(1000))
+    rng.shuffle(order)
+
+    peers = {"mrkit pool": lambda: mrkit_peer("pool", streams),
+             "mrkit driver pool": lambda: mrkit_peer("driver-pool", streams)}
+    try:
+        import cupy  # noqa: F401
+        peers["cupy MemoryPool"] = lambda: cupy_peer("MemoryPool", streams)
+        peers["cupy MemoryAsyncPool"] = lambda: cupy_peer("MemoryAsyncPool", streams)
+    except ImportError:
+        print("cupy not installed: skipped", file=sys.stderr)
+    try:
+        import torch
+        if torch.cuda.is_available():
+            peers["torch caching"] = lambda: torch_peer(streams)
+    except ImportError:
+        print("torch not installed: skipped", file=sys.stderr)
+    try:
+        import rmm  # noqa: F401
+        peers["rmm pool"] = lambda: rmm_peer(streams)
+    except ImportError:
+        print("rmm not installed: skipped (no wheels on this machine)", file=sys.stderr)
+
+    results = {}
+    for name, make in peers.items():
+        r = {}
+        for n in (256, 64 << 10, 8 << 20):
+            r[f"pair {n}"] = pairs(make(), n, count if n < (8 << 20) else count // 4)
+        r["batch"] = batch(make(), sizes, order, 3 if args.quick else 10)
+        r["random"] = random_workload(make(), 4000 if args.quick else 10000)
+        us, fp = multistream(make(), 4000 if args.quick else 8000)
+        r["streams"] = us
+        r["streams footprint MiB"] = fp / 2**20
+        results[name] = r
+        print(name, {k: round(v, 3) for k, v in r.items()}, flush=True)
+    for s in streams:
+        s.synchronize()
+
+    over = {}
+    for kind in ("stats", "log"):
+        base = pairs(mrkit_peer("pool", streams), 256, count)
+        wrapped = pairs(mrkit_peer(kind, streams), 256, count)
+        over[kind] = (wrapped - base) * 1e3
+    keys = list(next(iter(results.values())))
+    lines = ["| allocator | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for name, r in results.items():
+        lines.append(f"| {name} | " + " | ".join(f"{r[k]:.2f}" for k in keys) + " |")
+    ref = results.get("cupy MemoryPool")
+    if ref:
+        mine = results["mrkit pool"]
+        lines.append("| **mrkit pool / cupy MemoryPool** | " + " | ".join(f"{mine[k] / ref[k]:.2f}x" for k in keys) + " |")
+    lines.append("")
+    lines.append(f"adaptor overhead per 256 B pair: statistics {over['stats']:.0f} ns, logging {over['log']:.0f} ns")
+    table = "\n".join(lines)
+    print(table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": results, "adaptor_overhead_ns": over, "table": table}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
