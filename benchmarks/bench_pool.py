@@ -58,7 +58,7 @@ def mrkit_peer(kind, streams):
 def cupy_peer(kind, streams):
     import cupy
     pool = cupy.cuda.MemoryPool() if kind == "MemoryPool" else cupy.cuda.MemoryAsyncPool()
-    cs = [cupy.cuda.ExternalStream(s.handle) for s in streams]
+    cs = [cupy.cuda.Stream.from_external(s) for s in streams]
     malloc = pool.malloc
 
     def alloc(n, si):

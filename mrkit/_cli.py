@@ -58,7 +58,8 @@ def _runtime_version() -> str:
         return "unavailable"
 
 
-def cmd_info(args, out=sys.stdout) -> int:
+def cmd_info(args, out=None) -> int:
+    out = out or sys.stdout
     from . import __version__
     from .driver import CudaDriver, SimDriver, get_driver
 
@@ -99,8 +100,9 @@ def _demo_driver(backend: str | None):
     return SimDriver(policy="random", seed=7)
 
 
-def cmd_demo(args, out=sys.stdout) -> int:
+def cmd_demo(args, out=None) -> int:
     """Run a multi-stream workload through statistics(pool(device)) and show the race checker."""
+    out = out or sys.stdout
     from . import DeviceMemoryResource, PoolResource, StatisticsAdaptor, Stream
     from .driver import SimDriver, use_backend
 

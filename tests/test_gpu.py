@@ -168,7 +168,7 @@ def test_multistream_cupy_fills_never_corrupt(gpu, upstream):
     base = DeviceMemoryResource(0, driver=gpu) if upstream == "device" else mrkit.CudaMemoryResource(0, driver=gpu)
     mr = PoolResource(base)
     streams = [Stream.create(0, driver=gpu) for _ in range(8)]
-    cstreams = [cupy.cuda.ExternalStream(s.handle) for s in streams]
+    cstreams = [cupy.cuda.Stream.from_external(s) for s in streams]  # mrkit streams speak __cuda_stream__
     rng = random.Random(5)
     live = []  # (ptr, n, stream index, value)
 

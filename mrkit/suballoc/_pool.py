@@ -337,14 +337,17 @@ class PoolResource(MemoryResource):
         return False
 
     def _merge(self, src: _StreamState, dst: _StreamState) -> None:
+        """Move all of ``src``'s free memory to ``dst`` (the caller has ordered dst after src).
+        The smaller list is inserted into the larger one, so a hand-over to a stream with nothing
+        free is O(1) and ping-pong between streams does not re-sort whole lists."""
         b = self._boundaries
-        for size, ptr in src.free.sizes:
-            dst.free.insert(ptr, size, b)
+        src.flush(b)
+        dst.flush(b)
+        big, small = (src.free, dst.free) if len(src.free.sizes) > len(dst.free.sizes) else (dst.free, src.free)
+        for size, ptr in small.sizes:
+            big.insert(ptr, size, b)
+        dst.free = big
         src.free = _FreeList()
-        for size, ptrs in src.cache.items():
-            for p in ptrs:
-                dst.free.insert(p, size, b)
-        src.cache.clear()
 
     def _grow(self, size: int, stream: Stream, exact: bool = False) -> int:
         want = size if exact else max(size, self.min_chunk, int(self._held * self.growth_factor) & -256)

@@ -1,0 +1,35 @@
+"""Compose a resource stack and allocate on streams.
+
+Runs on a GPU if there is one, else on mrkit's simulated device:  python examples/01_compose_resources.py
+"""
+import mrkit
+from mrkit.driver import CudaDriver, SimDriver
+
+
+def pick_driver():
+    try:
+        if CudaDriver().device_count() > 0:
+            return CudaDriver()
+    except mrkit.CUDAUnavailableError:
+        pass
+    return SimDriver()
+
+
+drv = pick_driver()
+mrkit.set_backend(drv)
+
+# where memory comes from -> a fast sub-allocating pool -> a cap -> counters
+mr = mrkit.StatisticsAdaptor(mrkit.LimitingAdaptor(mrkit.PoolResource(mrkit.DeviceMemoryResource()), "1 GiB"))
+
+with mrkit.Stream.create() as s:
+    ptrs = [mr.allocate(n, s) for n in (256, 4096, 1 << 20)]
+    drv.memset_async(ptrs[2], 0xAB, 1 << 20, s.handle)
+    for p, n in zip(ptrs, (256, 4096, 1 << 20)):
+        mr.deallocate(p, n, s)  # stream-ordered: work already queued on s may still use it
+    s.synchronize()
+
+with mrkit.Stream.create() as s, mr.allocate_buffer(1000, s) as buf:  # an owning Buffer
+    print("buffer:", buf, buf.__cuda_array_interface__["shape"])
+
+print("statistics:", mr.statistics)
+assert mr.statistics.current_bytes == 0 and mr.statistics.total_count == 4
