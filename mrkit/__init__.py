@@ -18,7 +18,20 @@ from .adaptors import (
     TrackingAdaptor, read_log, replay,
 )
 
+from ._spec import parse_spec, resource_from_spec
+
 __version__ = "0.1.0"
+
+
+def _check_env_spec() -> None:
+    import os
+
+    spec = os.environ.get("MRKIT_RESOURCE")
+    if spec:
+        parse_spec(spec)  # a bad spec fails loudly at import, naming the position
+
+
+_check_env_spec()
 
 __all__ = [
     "MrkitError", "CUDAError", "CUDAUnavailableError", "OutOfMemoryError", "StreamOrderViolation",
@@ -31,5 +44,6 @@ __all__ = [
     "PoolResource",
     "Adaptor", "LimitingAdaptor", "LoggingAdaptor", "RetryAdaptor", "Statistics", "StatisticsAdaptor",
     "TrackingAdaptor", "read_log", "replay",
+    "parse_spec", "resource_from_spec",
     "__version__",
 ]

@@ -125,6 +125,38 @@ class Buffer:
         return {"shape": (self.size,), "typestr": "|u1", "data": (self.ptr or 0, False),
                 "strides": None, "version": 3, "stream": 1 if h == 0 else h}
 
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule viewing the buffer as ``uint8[size]`` (zero-copy). ``stream`` is the
+        consumer's stream (CUDA: 1 is the legacy default stream, 2 the per-thread one, -1 asks for
+        no synchronisation): work on it is ordered after the work on the buffer's stream."""
+        from .integrations.dlpack import dlpack_device, to_dlpack_capsule
+
+        if self.resource is None:
+            raise BufferError("the buffer is closed")
+        if copy:
+            raise BufferError("mrkit buffers export zero-copy only (copy=True is not supported)")
+        if dl_device is not None and tuple(dl_device) != dlpack_device(self):
+            raise BufferError(f"cannot export to device {dl_device}; the buffer is on {dlpack_device(self)}")
+        if stream is not None and stream != -1 and self.resource.device_accessible:
+            if isinstance(stream, bool) or not isinstance(stream, int) or stream == 0:
+                raise ValueError(f"stream must be a CUDA stream handle int (not 0), got {stream!r}")
+            consumer = 0 if stream == 1 else stream
+            if consumer != self.stream.handle:
+                from .driver import get_driver
+                drv = getattr(self.resource, "driver", None) or get_driver()
+                ev = drv.event_create(self.resource.device_id or 0)
+                try:
+                    drv.event_record(ev, self.stream.handle)
+                    drv.stream_wait_event(consumer, ev)
+                finally:
+                    drv.event_destroy(ev)
+        return to_dlpack_capsule(self)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from .integrations.dlpack import dlpack_device
+
+        return dlpack_device(self)
+
     def __repr__(self) -> str:
         state = "closed" if self.resource is None else f"from {self.resource!r}"
         return f"<mrkit.Buffer ptr={self.ptr:#x} size={self.size} {state}>"
@@ -144,10 +176,18 @@ def _device_of(device) -> int:
 
 
 def _default_resource(device: int) -> MemoryResource:
+    import os
+
     from .driver import get_driver
     from .resources import CudaMemoryResource, DeviceMemoryResource
 
     drv = get_driver()
+    spec = os.environ.get("MRKIT_RESOURCE")
+    if spec:  # validated at import; built here, on first use, for device 0
+        from ._spec import resource_from_spec
+        mr = resource_from_spec(spec, drv)
+        if (mr.device_id or 0) == device:
+            return mr
     if drv.device_capability(device, "memory_pools_supported"):
         return DeviceMemoryResource(device, driver=drv)
     return CudaMemoryResource(device, driver=drv)

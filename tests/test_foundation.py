@@ -22,7 +22,7 @@ EXPECTED_ALL = {
     "DeviceMemoryResource", "DeviceMemoryResourceOptions", "HostMemoryResource",
     "ManagedMemoryResource", "MemoryPool", "PinnedMemoryResource", "PoolResource", "Adaptor",
     "LimitingAdaptor", "LoggingAdaptor", "RetryAdaptor", "Statistics", "StatisticsAdaptor",
-    "TrackingAdaptor", "read_log", "replay", "__version__",
+    "TrackingAdaptor", "read_log", "replay", "parse_spec", "resource_from_spec", "__version__",
 }
 
 

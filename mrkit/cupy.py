@@ -1,0 +1,4 @@
+"""``mrkit.cupy``: use mrkit resources as CuPy's allocators (see :mod:`mrkit.integrations.cupy`)."""
+from .integrations.cupy import allocator, install, install_pinned, pinned_allocator, using_allocator
+
+__all__ = ["allocator", "pinned_allocator", "install", "install_pinned", "using_allocator"]

@@ -1,0 +1,103 @@
+"""DLPack export of mrkit memory (zero-copy), with ctypes only.
+
+``Buffer.__dlpack__`` produces a legacy ``"dltensor"`` capsule (DLPack 0.8 ABI) describing the
+buffer as a 1-D ``uint8`` tensor; ``Buffer.__dlpack_device__`` answers the device. The buffer stays
+alive until the consumer calls the tensor's deleter (or the capsule is dropped unconsumed).
+"""
+from __future__ import annotations
+
+import ctypes
+
+__all__ = ["to_dlpack_capsule", "dlpack_device", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST", "KDL_CUDA_MANAGED"]
+
+KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED = 1, 2, 3, 13
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_Deleter = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _Deleter)]
+
+_live: dict[int, tuple] = {}  # address of the managed tensor -> what must stay alive
+
+_api = ctypes.pythonapi
+_api.PyCapsule_New.restype = ctypes.py_object
+_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+# Used only inside the capsule destructor, where the capsule is being deallocated: take it as a raw
+# pointer so that ctypes never makes a new reference to a dying object.
+_api.PyCapsule_IsValid.restype = ctypes.c_int
+_api.PyCapsule_IsValid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_api.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+
+
+@_Deleter
+def _delete(managed) -> None:
+    _live.pop(ctypes.addressof(managed.contents), None)
+
+
+_CapsuleDestructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+@_CapsuleDestructor
+def _capsule_destructor(capsule) -> None:
+    # Unconsumed capsules still carry the name "dltensor"; consumers rename them "used_dltensor".
+    if _api.PyCapsule_IsValid(capsule, b"dltensor"):
+        addr = _api.PyCapsule_GetPointer(capsule, b"dltensor")
+        _live.pop(addr, None)
+
+
+def dlpack_device(buf) -> tuple[int, int]:
+    mr = buf.resource
+    if mr is None:
+        raise ValueError("the buffer is closed")
+    dev = mr.device_id or 0
+    if mr.device_accessible and mr.host_accessible:
+        kind = type(_root(mr)).__name__
+        return (KDL_CUDA_MANAGED, dev) if "Managed" in kind else (KDL_CUDA_HOST, 0)
+    if mr.device_accessible:
+        return (KDL_CUDA, dev)
+    return (KDL_CPU, 0)
+
+
+def _root(mr):
+    seen = set()
+    while hasattr(mr, "upstream") and id(mr) not in seen:
+        seen.add(id(mr))
+        mr = mr.upstream
+    return mr
+
+
+def to_dlpack_capsule(buf):
+    """A ``"dltensor"`` capsule viewing ``buf`` as ``uint8[size]``; keeps ``buf`` alive until deleted."""
+    dev_type, dev_id = dlpack_device(buf)
+    shape = (ctypes.c_int64 * 1)(buf.size)
+    mt = _DLManagedTensor()
+    mt.dl_tensor.data = buf.ptr or None
+    mt.dl_tensor.device = _DLDevice(dev_type, dev_id)
+    mt.dl_tensor.ndim = 1
+    mt.dl_tensor.dtype = _DLDataType(1, 8, 1)  # kDLUInt, 8 bits
+    mt.dl_tensor.shape = shape
+    mt.dl_tensor.strides = None
+    mt.dl_tensor.byte_offset = 0
+    mt.manager_ctx = None
+    mt.deleter = _delete
+    addr = ctypes.addressof(mt)
+    _live[addr] = (mt, shape, buf)
+    return _api.PyCapsule_New(addr, b"dltensor", ctypes.cast(_capsule_destructor, ctypes.c_void_p))

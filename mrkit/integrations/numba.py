@@ -1,0 +1,67 @@
+"""Numba external memory manager (EMM) plugin backed by mrkit's current resource.
+
+Select it with ``NUMBA_CUDA_MEMORY_MANAGER=mrkit.numba`` or
+``numba.cuda.set_memory_manager(mrkit.numba.MrkitNumbaManager)`` before Numba creates its context.
+"""
+from __future__ import annotations
+
+from .._resource import Buffer, get_current_resource
+from .._stream import DEFAULT_STREAM
+
+__all__ = ["MrkitNumbaManager", "make_manager_class"]
+
+
+def make_manager_class():
+    """Build the EMM plugin class (Numba is imported here, not at mrkit import)."""
+    from numba import cuda
+    from numba.cuda import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
+
+    try:
+        from numba.cuda import config as _config
+    except ImportError:  # pragma: no cover
+        from numba.core import config as _config
+    try:
+        from cuda.bindings.driver import CUdeviceptr
+    except ImportError:  # pragma: no cover
+        CUdeviceptr = None
+    import ctypes
+
+    use_binding = getattr(_config, "CUDA_USE_NVIDIA_BINDING", True) and CUdeviceptr is not None
+
+    class MrkitNumbaManager(HostOnlyCUDAMemoryManager):
+        """Device allocations come from ``mrkit.get_current_resource(device)`` on the default stream
+        (Numba's EMM interface has no stream); each is owned by a :class:`~mrkit.Buffer` released by
+        Numba's finalizer."""
+
+        def initialize(self):
+            super().initialize()
+            self._device = self.context.device.id
+
+        def memalloc(self, size):
+            mr = get_current_resource(self.context.device.id)
+            buf = Buffer(mr.allocate(size, DEFAULT_STREAM), size, mr, DEFAULT_STREAM)
+            ptr = CUdeviceptr(buf.ptr) if use_binding else ctypes.c_uint64(buf.ptr)
+            return MemoryPointer(self.context, ptr, size, finalizer=buf.close)
+
+        def get_memory_info(self):
+            from ..driver import get_driver
+            free, total = get_driver().mem_get_info(self.context.device.id)
+            return MemoryInfo(free=free, total=total)
+
+        def get_ipc_handle(self, memory):  # pragma: no cover - IPC goes through MemoryPool
+            raise NotImplementedError("use mrkit.MemoryPool.export_pointer for IPC of mrkit memory")
+
+        @property
+        def interface_version(self):
+            return 1
+
+    del cuda
+    return MrkitNumbaManager
+
+
+def __getattr__(name):
+    if name in ("MrkitNumbaManager", "_numba_memory_manager"):
+        cls = make_manager_class()
+        globals()["MrkitNumbaManager"] = globals()["_numba_memory_manager"] = cls
+        return cls
+    raise AttributeError(name)

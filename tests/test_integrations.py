@@ -1,0 +1,144 @@
+"""Integrations without a GPU: resource specs, MRKIT_RESOURCE, DLPack on host memory, CuPy hook wiring."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import mrkit
+from mrkit import (
+    DEFAULT_STREAM, HostMemoryResource, LimitingAdaptor, PoolResource, StatisticsAdaptor, Stream,
+    parse_spec, resource_from_spec,
+)
+
+
+def test_specs_build_compositions(sim):
+    mr = resource_from_spec("statistics(limiting(pool(device), 8GiB))")
+    assert isinstance(mr, StatisticsAdaptor) and isinstance(mr.upstream, LimitingAdaptor)
+    assert mr.upstream.limit == 8 << 30 and isinstance(mr.upstream.upstream, PoolResource)
+    mr = resource_from_spec("pool(cuda(0), initial_size=1MiB, maximum_size = 4 MiB)")
+    assert mr.pool_size == 1 << 20 and mr.maximum_size == 4 << 20
+    assert isinstance(resource_from_spec("pool(host)").upstream, HostMemoryResource)
+
+
+@pytest.mark.parametrize("spec,pos,words", [
+    ("statistics(pool(device)", 23, "expected ')'"),
+    ("stats(device)", 0, "unknown resource 'stats'"),
+    ("limiting(device, 8 GB!)", 21, "unexpected character '!'"),
+    ("pool(device,, 1)", 12, "expected a resource"),
+    ("limiting(device)", 0, "takes 2..2 arguments"),
+    ("pool(device) x", 13, "unexpected 'x'"),
+    ("pool(initial_size=1MiB, device)", 24, "positional argument after a keyword"),
+])
+def test_bad_specs_name_the_position(spec, pos, words):
+    with pytest.raises(ValueError) as e:
+        parse_spec(spec)
+    msg = str(e.value)
+    assert words in msg and f"at position {pos}" in msg and msg.endswith(" " * (pos + 2) + "^")
+
+
+def test_mrkit_resource_environment_variable():
+    code = ("import mrkit; r = mrkit.get_current_resource(); "
+            "print(type(r).__name__, type(r.upstream).__name__)")
+    env = {"MRKIT_BACKEND": "sim", "MRKIT_RESOURCE": "statistics(pool(device))", "PATH": ""}
+    import os
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.split() == ["StatisticsAdaptor", "PoolResource"], out.stderr
+    env["MRKIT_RESOURCE"] = "statistics(pool(device)"
+    out = subprocess.run([sys.executable, "-c", "import mrkit"], capture_output=True, text=True, env=env)
+    assert out.returncode != 0 and "at position 23" in out.stderr
+
+
+def test_dlpack_zero_copy_on_host_memory():
+    mr = HostMemoryResource()
+    buf = mr.allocate_buffer(16)
+    mr.view(buf.ptr, 16)[:] = bytes(range(16))
+    arr = np.from_dlpack(buf)
+    assert arr.dtype == np.uint8 and arr.shape == (16,) and arr.ctypes.data == buf.ptr
+    mr.view(buf.ptr, 1)[:] = b"c"
+    assert arr[0] == 99  # the same bytes: zero-copy
+    assert buf.__dlpack_device__() == (1, 0)
+    del buf
+    assert mr.live_bytes == 16  # the array keeps the memory alive
+    del arr
+    assert mr.live_bytes == 0
+    unconsumed = mr.allocate_buffer(8).__dlpack__()
+    del unconsumed
+    assert mr.live_bytes == 0
+    with pytest.raises(BufferError):
+        mr.allocate_buffer(8).__dlpack__(copy=True)
+
+
+def test_dlpack_device_and_consumer_stream_on_device_memory(sim):
+    pool = PoolResource(mrkit.DeviceMemoryResource())
+    s, consumer = Stream.create(), Stream.create()
+    buf = pool.allocate_buffer(4096, s)
+    sim.memset_async(buf.ptr, 1, 4096, s.handle)
+    assert buf.__dlpack_device__() == (2, 0)
+    cap = buf.__dlpack__(stream=consumer.handle)  # the consumer is ordered after s's work
+    sim.touch(buf.ptr, 4096, consumer.handle)
+    with pytest.raises(ValueError):
+        buf.__dlpack__(stream=0)
+    del cap
+
+
+def _fake_cupy(calls):
+    cupy = types.ModuleType("cupy")
+    cuda = types.SimpleNamespace()
+
+    class FakeStream:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def __cuda_stream__(self):
+            return (0, self.ptr)
+
+    current = {"s": FakeStream(0)}
+    cuda.get_current_stream = lambda: current["s"]
+    cuda.UnownedMemory = lambda ptr, size, owner, device_id: types.SimpleNamespace(
+        ptr=ptr, size=size, owner=owner, device_id=device_id)
+    cuda.MemoryPointer = lambda mem, offset: types.SimpleNamespace(mem=mem, ptr=mem.ptr + offset)
+    cuda.PinnedMemoryPointer = lambda mem, offset: types.SimpleNamespace(mem=mem, ptr=mem.ptr + offset)
+    cuda.set_allocator = lambda fn: calls.append(("set_allocator", fn))
+    cuda.set_pinned_memory_allocator = lambda fn: calls.append(("set_pinned", fn))
+    cupy.cuda = cuda
+    cupy._current = current
+    cupy._Stream = FakeStream
+    return cupy
+
+
+def test_cupy_hooks_are_wired(sim, monkeypatch):
+    calls = []
+    fake = _fake_cupy(calls)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    import mrkit.cupy as mcupy
+
+    mr = StatisticsAdaptor(PoolResource(mrkit.DeviceMemoryResource()))
+    fn = mcupy.install(mr)
+    assert calls == [("set_allocator", fn)] and fn.resource is mr
+    mp = fn(1000)
+    assert mp.mem.device_id == 0 and mp.mem.size == 1000 and mr.statistics.current_bytes == 1000
+    assert mp.mem.owner.stream is DEFAULT_STREAM  # CuPy's null stream
+    s = Stream.create()
+    fake._current["s"] = fake._Stream(s.handle)
+    mp2 = fn(64)
+    assert mp2.mem.owner.stream.uid == s.uid  # allocated on CuPy's current stream
+    del mp, mp2
+    assert mr.statistics.current_bytes == 0  # freed when CuPy drops the memory (on its own stream)
+    pinned = mcupy.install_pinned()
+    block = pinned(128)
+    sim.write(block.ptr, b"x" * 128)
+    assert calls[-1] == ("set_pinned", pinned)
+    with pytest.raises(ValueError, match="not host-accessible"):
+        mcupy.pinned_allocator(mrkit.DeviceMemoryResource())
+    with pytest.raises(ValueError, match="not device-accessible"):
+        mcupy.allocator(HostMemoryResource())
+
+
+def test_numba_plugin_module_is_lazy():
+    import mrkit.numba  # importing it needs no numba
+    assert "numba" not in sys.modules or hasattr(mrkit.numba, "__getattr__")
