@@ -7,4 +7,6 @@ timeout ${TEST_BUDGET:-300} python3 -m pytest -q -p no:cacheprovider --timeout=9
 tail -25 "$OUT/pytest.txt"
 timeout ${BENCH_BUDGET:-200} python3 benchmarks/bench_pool.py --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
 tail -14 "$OUT/bench.txt"
+timeout 60 python3 benchmarks/bench_cupy.py > "$OUT/bench_cupy.txt" 2>&1
+tail -8 "$OUT/bench_cupy.txt"
 timeout 60 python3 -m mrkit demo >> "$OUT/info.txt" 2>&1

@@ -1,0 +1,57 @@
+"""``cupy.empty`` through mrkit's allocator beside CuPy's own default pool (and RMM's if present).
+
+Run on a GPU: ``python benchmarks/bench_cupy.py``; prints us per empty+free and the ratios.
+"""
+from __future__ import annotations
+
+import time
+
+import cupy
+
+import mrkit
+import mrkit.cupy
+from mrkit import DeviceMemoryResource, PoolResource
+
+
+def bench(n, count=20000, repeat=3):
+    empty = cupy.empty
+    best = float("inf")
+    for _ in range(repeat + 1):
+        t0 = time.perf_counter()
+        for _ in range(count):
+            a = empty(n, dtype=cupy.uint8)
+            del a
+        best = min(best, (time.perf_counter() - t0) / count)
+    return best * 1e6
+
+
+def main():
+    rows = {}
+    default = cupy.get_default_memory_pool().malloc
+    configs = {"cupy default pool": default,
+               "mrkit pool": mrkit.cupy.allocator(PoolResource(DeviceMemoryResource(0)))}
+    try:
+        from rmm.allocators.cupy import rmm_cupy_allocator
+        configs["rmm_cupy_allocator"] = rmm_cupy_allocator
+    except ImportError:
+        pass
+    for name, fn in configs.items():
+        cupy.cuda.set_allocator(fn)
+        rows[name] = {n: bench(n) for n in (256, 64 << 10, 8 << 20)}
+    cupy.cuda.set_allocator(default)
+    print("| allocator | 256 B | 64 KiB | 8 MiB |")
+    print("|---|---|---|---|")
+    for name, r in rows.items():
+        print(f"| {name} | " + " | ".join(f"{v:.2f} us" for v in r.values()) + " |")
+    ref = rows["cupy default pool"]
+    mine = rows["mrkit pool"]
+    print("| **mrkit / cupy default** | " + " | ".join(f"{mine[k] / ref[k]:.2f}x" for k in ref) + " |")
+    if "rmm_cupy_allocator" in rows:
+        r = rows["rmm_cupy_allocator"]
+        print("| **mrkit / rmm** | " + " | ".join(f"{mine[k] / r[k]:.2f}x" for k in ref) + " |")
+    else:
+        print("(rmm not installed: no rmm_cupy_allocator column)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Integrations on a real GPU: CuPy as a client, Numba's plugin, PyTorch and JAX zero-copy."""
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mrkit
+import mrkit.cupy
+from mrkit import DeviceMemoryResource, PoolResource, StatisticsAdaptor, Stream
+
+pytestmark = pytest.mark.gpu
+
+
+def _env(**extra):
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])
+    return env
+
+
+def test_cupy_workloads_on_several_streams_match_numpy(gpu):
+    cupy = pytest.importorskip("cupy")
+    mr = StatisticsAdaptor(PoolResource(DeviceMemoryResource(0, driver=gpu)))
+    old = cupy.cuda.get_allocator()
+    mrkit.cupy.install(mr)
+    try:
+        rng = np.random.default_rng(0)
+        streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(4)]
+        for i, cs in enumerate(streams * 3):
+            a = rng.standard_normal((128, 128)).astype(np.float32)
+            b = rng.standard_normal((128, 128)).astype(np.float32)
+            with cs:
+                ga, gb = cupy.asarray(a), cupy.asarray(b)
+                results = {"elementwise": (ga * 2 + gb, a * 2 + b), "reduction": (ga.sum(axis=0), a.sum(axis=0)),
+                           "matmul": (ga @ gb, a @ b), "fft": (cupy.fft.fft(ga[i % 128]), np.fft.fft(a[i % 128]))}
+                for name, (got, want) in results.items():
+                    np.testing.assert_allclose(cupy.asnumpy(got), want, rtol=2e-3, atol=2e-3, err_msg=name)
+            cs.synchronize()
+        assert mr.statistics.total_count >= 12 * 6
+    finally:
+        cupy.cuda.set_allocator(old)
+    gc.collect()
+
+
+def test_cupy_pinned_allocator(gpu):
+    cupy = pytest.importorskip("cupy")
+    import cupyx
+    fn = mrkit.cupy.install_pinned()
+    try:
+        host = cupyx.empty_pinned((1000,), dtype=np.float32)
+        assert fn.resource.live_bytes >= 4000  # the pinned block came from mrkit
+        host[:] = 1.5
+        assert float(cupy.asarray(host).sum()) == 1500.0
+        del host
+    finally:
+        cupy.cuda.set_pinned_memory_allocator(cupy.get_default_pinned_memory_pool().malloc)
+
+
+_NUMBA = r"""
+import numpy as np
+from numba import cuda
+import mrkit
+
+@cuda.jit
+def add(a, b, out):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a[i] + b[i]
+
+a = np.arange(1000, dtype=np.float32)
+da, db = cuda.to_device(a), cuda.to_device(2 * a)
+out = cuda.device_array_like(a)
+add.forall(a.size)(da, db, out)
+assert np.allclose(out.copy_to_host(), 3 * a)
+ctx = cuda.current_context()
+info = ctx.get_memory_info()
+print(type(ctx.memory_manager).__name__, mrkit.get_current_resource(0).live_bytes, info.total > info.free > 0)
+"""
+
+
+def test_numba_kernels_use_the_plugin(gpu):
+    pytest.importorskip("numba.cuda")
+    out = subprocess.run([sys.executable, "-c", _NUMBA], capture_output=True, text=True, timeout=180,
+                         env=_env(NUMBA_CUDA_MEMORY_MANAGER="mrkit.numba"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    name, live, info_ok = out.stdout.split()
+    assert name == "MrkitNumbaManager" and int(live) >= 3 * 4000 and info_ok == "True"
+
+
+def test_torch_tensor_zero_copy(gpu):
+    torch = pytest.importorskip("torch")
+    mr = PoolResource(DeviceMemoryResource(0, driver=gpu))
+    s = Stream.create(0, driver=gpu)
+    buf = mr.allocate_buffer(4096, s)
+    gpu.memset_async(buf.ptr, 7, 4096, s.handle)
+    t = torch.from_dlpack(buf)  # torch's stream is made to wait for s
+    assert t.data_ptr() == buf.ptr and t.device.type == "cuda" and t.dtype == torch.uint8
+    assert int(t[0]) == 7 and int(t[-1]) == 7
+    t += 1
+    torch.cuda.synchronize()
+    assert gpu.copy_to_host(buf.ptr, 2, 0) == b"\x08\x08"
+    del t, buf
+    gc.collect()
+    s.synchronize()
+    assert mr.live_bytes == 0
+
+
+_JAX = r"""
+import jax, mrkit
+from mrkit.driver import CudaDriver
+d = CudaDriver()
+mr = mrkit.DeviceMemoryResource(0, driver=d)
+buf = mr.allocate_buffer(1024)
+d.memset_async(buf.ptr, 5, 1024, 0)
+d.stream_synchronize(0)
+x = jax.dlpack.from_dlpack(buf)
+print(int(x[0]), int(x[-1]), x.unsafe_buffer_pointer() == buf.ptr)
+"""
+
+
+def test_jax_array_zero_copy(gpu):
+    out = subprocess.run([sys.executable, "-c", _JAX], capture_output=True, text=True, timeout=180,
+                         env=_env(XLA_PYTHON_CLIENT_PREALLOCATE="false", JAX_PLATFORMS="cuda"))
+    if "No module named 'jax'" in out.stderr:
+        pytest.skip("jax is not installed")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["5", "5", "True"]
