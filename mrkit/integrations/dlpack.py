@@ -6,6 +6,7 @@ alive until the consumer calls the tensor's deleter (or the capsule is dropped u
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 
 __all__ = ["to_dlpack_capsule", "dlpack_device", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST", "KDL_CUDA_MANAGED"]
@@ -51,6 +52,18 @@ _api.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 def _delete(managed) -> None:
     _live.pop(ctypes.addressof(managed.contents), None)
 
+
+def _disarm_at_exit() -> None:
+    """At interpreter exit a consumer may release its tensors after Python can no longer run
+    callbacks: clear the deleters (DLPack allows NULL) and let the process reclaim the memory."""
+    for mt, _shape, buf in list(_live.values()):
+        mt.deleter = _Deleter()
+        buf.resource = None  # nothing to free at exit
+    # The consumer may still read the tensor structs during its own teardown: never free them.
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(_live))
+
+
+atexit.register(_disarm_at_exit)
 
 _CapsuleDestructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 

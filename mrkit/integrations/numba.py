@@ -16,17 +16,12 @@ def make_manager_class():
     from numba import cuda
     from numba.cuda import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
 
+    # numba-cuda wraps device pointers in the CUdeviceptr of the binding it drives the GPU with
     try:
-        from numba.cuda import config as _config
-    except ImportError:  # pragma: no cover
-        from numba.core import config as _config
-    try:
-        from cuda.bindings.driver import CUdeviceptr
-    except ImportError:  # pragma: no cover
-        CUdeviceptr = None
-    import ctypes
-
-    use_binding = getattr(_config, "CUDA_USE_NVIDIA_BINDING", True) and CUdeviceptr is not None
+        from numba.cuda.cudadrv.driver import binding as _binding
+        make_ptr = _binding.CUdeviceptr
+    except (ImportError, AttributeError):  # pragma: no cover - older numba
+        from cuda.bindings.driver import CUdeviceptr as make_ptr
 
     class MrkitNumbaManager(HostOnlyCUDAMemoryManager):
         """Device allocations come from ``mrkit.get_current_resource(device)`` on the default stream
@@ -40,8 +35,7 @@ def make_manager_class():
         def memalloc(self, size):
             mr = get_current_resource(self.context.device.id)
             buf = Buffer(mr.allocate(size, DEFAULT_STREAM), size, mr, DEFAULT_STREAM)
-            ptr = CUdeviceptr(buf.ptr) if use_binding else ctypes.c_uint64(buf.ptr)
-            return MemoryPointer(self.context, ptr, size, finalizer=buf.close)
+            return MemoryPointer(self.context, make_ptr(buf.ptr), size, finalizer=buf.close)
 
         def get_memory_info(self):
             from ..driver import get_driver
