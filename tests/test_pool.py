@@ -242,3 +242,60 @@ def test_close_refuses_with_live_allocations(sim):
     pool.deallocate(p, 10, DEFAULT_STREAM)
     pool.close()
     assert pool.pool_size == 0
+
+
+def test_lock_free_fast_path_under_forced_thread_switches(sim):
+    """Cache hits and frees take no lock; a thread flushing the caches (release) runs beside them.
+    With a switch interval of a microsecond, any double hand-out or lost block would show."""
+    import sys
+
+    pool = PoolResource(CudaMemoryResource(), min_chunk=1 << 16)
+    owned: dict[int, int] = {}
+    lock = threading.Lock()
+    errors = []
+    stop = threading.Event()
+
+    def work(tid):
+        try:
+            mine = []
+            for i in range(1500):
+                n = 256 * (1 + (i + tid) % 3)
+                p = pool.allocate(n, DEFAULT_STREAM)
+                with lock:
+                    if any(q < p + n and p < q + m for q, m in owned.items()):
+                        errors.append(("overlap", p, n))
+                    owned[p] = n
+                mine.append((p, n))
+                if len(mine) > 4:
+                    q, m = mine.pop(0)
+                    with lock:
+                        del owned[q]
+                    pool.deallocate(q, m, DEFAULT_STREAM)
+            for q, m in mine:
+                with lock:
+                    del owned[q]
+                pool.deallocate(q, m, DEFAULT_STREAM)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    def flusher():
+        while not stop.is_set():
+            pool.release()
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        f = threading.Thread(target=flusher)
+        f.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stop.set()
+        f.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == [] and pool.live_bytes == 0
+    pool.release()
+    assert pool.pool_size == 0  # every block came back: none was lost in a swapped-out cache list

@@ -23,12 +23,13 @@ class LoggingAdaptor(Adaptor):
     """Writes one CSV line per event in RMM's format (``Thread,Time,Action,Pointer,Size,Stream``;
     actions ``allocate``, ``free`` and ``allocate failure``), so logs interchange with RMM's tools.
 
-    ``sink`` is a path (truncated, like RMM) or a text file object. Lines are buffered in memory and
-    written on :meth:`flush` (also every ``buffer_lines`` lines and on :meth:`close`); one lock keeps
-    lines whole and ordered across threads.
+    ``sink`` is a path (truncated, like RMM) or a text file object. Each event is one atomic append
+    of a tuple to an in-memory buffer (in call order across threads); formatting and writing happen
+    on :meth:`flush` (also every ``buffer_lines`` events and on :meth:`close`), under a lock.
     """
 
-    __slots__ = ("_file", "_owns", "_lock", "_buf", "_limit", "_tid", "_sec", "_hms")
+    __slots__ = ("_file", "_owns", "_lock", "_buf", "_limit", "_tid", "_time", "_sec", "_hms",
+                 "_header_written")
 
     def __init__(self, upstream: MemoryResource, sink, *, buffer_lines: int = 4096) -> None:
         super().__init__(upstream)
@@ -40,23 +41,20 @@ class LoggingAdaptor(Adaptor):
         else:
             raise TypeError(f"sink must be a path or a text file object, not {type(sink).__name__}")
         self._lock = threading.Lock()
-        self._buf = [HEADER]
+        self._buf: list[tuple] = []
         self._limit = max(1, int(buffer_lines))
         self._tid = threading.get_ident
+        self._time = time.time
         self._sec, self._hms = -1, ""
+        self._header_written = False
 
     def _log(self, action: str, ptr: int, nbytes: int, stream) -> None:
-        t = time.time()
-        sec = int(t)
-        if sec != self._sec:  # formatting the wall clock is slow: once a second is enough
-            self._sec, self._hms = sec, time.strftime("%H:%M:%S", time.localtime(sec))
-        h = stream.handle if type(stream) is Stream else _handle_of(stream)
-        line = f"{self._tid()},{self._hms}.{int((t - sec) * 1e6):06d},{action},{ptr:#x},{nbytes},{h:#x}"
-        with self._lock:
-            buf = self._buf
-            buf.append(line)
-            if len(buf) >= self._limit:
-                self._write()
+        # One atomic list append per event: formatting waits for flush(), off the hot path.
+        buf = self._buf
+        buf.append((self._tid(), self._time(), action, ptr, nbytes,
+                    stream.handle if type(stream) is Stream else _handle_of(stream)))
+        if len(buf) >= self._limit:
+            self.flush()
 
     def allocate(self, nbytes, stream, alignment=256):
         try:
@@ -72,9 +70,22 @@ class LoggingAdaptor(Adaptor):
         self._log("free", ptr, nbytes, stream)
 
     def _write(self) -> None:
-        if self._buf:
-            self._file.write("\n".join(self._buf) + "\n")
-            self._buf = []
+        """Format and write the buffered events (lock held). Events appended meanwhile stay queued."""
+        buf = self._buf
+        n = len(buf)
+        events = buf[:n]
+        del buf[:n]
+        lines = [HEADER] if not self._header_written else []
+        self._header_written = True
+        sec, hms = self._sec, self._hms
+        for tid, t, action, ptr, nbytes, h in events:
+            s = int(t)
+            if s != sec:  # formatting the wall clock is slow: once a second is enough
+                sec, hms = s, time.strftime("%H:%M:%S", time.localtime(s))
+            lines.append(f"{tid},{hms}.{int((t - s) * 1e6):06d},{action},{ptr:#x},{nbytes},{h:#x}")
+        self._sec, self._hms = sec, hms
+        if lines:
+            self._file.write("\n".join(lines) + "\n")
 
     def flush(self) -> None:
         with self._lock:

@@ -81,11 +81,21 @@ class _StreamState:
         self.free = _FreeList()
 
     def flush(self, boundaries) -> None:
+        """Coalesce the exact-size cache into the free list (pool lock held).
+
+        Lock-free fast paths may still hold one of the cache's lists: the dict is swapped first, then
+        each list is drained with atomic pops, so every block is taken by exactly one party; a block
+        appended to a list after it was drained is rescued by the deallocating thread."""
         free = self.free
-        for size, ptrs in self.cache.items():
-            for p in ptrs:
+        old, self.cache = self.cache, {}
+        for size, ptrs in old.items():
+            pop = ptrs.pop
+            while ptrs:
+                try:
+                    p = pop()
+                except IndexError:
+                    break
                 free.insert(p, size, boundaries)
-        self.cache.clear()
 
     def empty(self) -> bool:
         return not self.free.sizes and not any(self.cache.values())
@@ -119,8 +129,10 @@ class PoolResource(MemoryResource):
     message.
 
     **Errors.** A double free, a foreign pointer or a wrong size raises ``ValueError`` and leaves the
-    pool unchanged. **Threads:** one lock guards the pool's bookkeeping for each call (including the
-    upstream calls made while growing or trimming); nothing is handed out twice.
+    pool unchanged. **Threads:** exact-size cache hits and frees take no lock (they are single atomic
+    list and dict operations); everything else — free lists, coalescing, hand-overs between streams,
+    growth, trimming, and the upstream calls they make — runs under one lock. Nothing is handed out
+    twice and nothing is lost.
     """
 
     __slots__ = ("upstream", "driver", "device_id", "maximum_size", "growth_factor", "min_chunk",
@@ -189,21 +201,27 @@ class PoolResource(MemoryResource):
             return sum(st.bytes() for st in self._states.values())
 
     # -- the hot path ------------------------------------------------------------------------
+    # Cache hits take no lock: a list pop, a list append and dict stores are each atomic, every
+    # block is popped by exactly one thread, and anything that restructures the caches holds the
+    # lock and drains lists with atomic pops (see _StreamState.flush).
     def allocate(self, nbytes, stream, alignment=256):
         if type(stream) is not Stream:
             stream = self._as_stream(stream)
         if type(nbytes) is not int or nbytes <= 0 or alignment != 256:
             return self._allocate_slow(nbytes, stream, alignment)
         size = (nbytes + 255) & -256
-        uid = stream.uid if self._ordered else 0
-        with self._lock:
-            st = self._states.get(uid)
-            if st is not None:
-                lst = st.cache.get(size)
-                if lst:
+        st = self._states.get(stream.uid if self._ordered else 0)
+        if st is not None:
+            lst = st.cache.get(size)
+            if lst:
+                try:
                     ptr = lst.pop()
+                except IndexError:
+                    pass
+                else:
                     self._live[ptr] = nbytes
                     return ptr
+        with self._lock:
             ptr = self._take(size, stream, st)
             self._live[ptr] = nbytes
             return ptr
@@ -211,21 +229,28 @@ class PoolResource(MemoryResource):
     def deallocate(self, ptr, nbytes, stream, alignment=256):
         if type(stream) is not Stream:
             stream = self._as_stream(stream)
-        uid = stream.uid if self._ordered else 0
-        with self._lock:
-            live = self._live
-            if live.get(ptr) != nbytes or alignment > 256:
+        live = self._live
+        n = live.pop(ptr, None)
+        if n != nbytes or alignment > 256:
+            if n is not None:
+                live[ptr] = n
+            with self._lock:
                 return self._deallocate_slow(ptr, nbytes, stream, alignment)
-            del live[ptr]
-            size = (nbytes + 255) & -256
-            st = self._states.get(uid)
-            if st is None:
-                st = self._state(stream)
-            lst = st.cache.get(size)
-            if lst is None:
-                st.cache[size] = [ptr]
-            else:
+        size = (nbytes + 255) & -256
+        uid = stream.uid if self._ordered else 0
+        st = self._states.get(uid)
+        if st is not None:
+            cache = st.cache
+            lst = cache.get(size)
+            if lst is not None:
                 lst.append(ptr)
+                if st.cache is cache and self._states.get(uid) is st:
+                    return
+                with self._lock:  # a flush or hand-over replaced the list meanwhile: rescue it
+                    self._rescue(lst, size, stream)
+                return
+        with self._lock:
+            self._cache_block(ptr, size, stream)
 
     # -- slow paths -------------------------------------------------------------------------
     def _as_stream(self, stream) -> Stream:
@@ -265,8 +290,25 @@ class PoolResource(MemoryResource):
             if n != nbytes:
                 raise ValueError(f"nbytes {nbytes} does not match the allocation of {n} bytes at {ptr:#x}")
             del self._aligned[ptr]
+        self._cache_block(block, size, stream)
+
+    def _cache_block(self, block: int, size: int, stream: Stream) -> None:
+        """Put a freed block in its stream's exact-size cache (lock held)."""
         st = self._state(stream)
-        st.cache.setdefault(size, []).append(block)
+        lst = st.cache.get(size)
+        if lst is None:
+            st.cache[size] = [block]
+        else:
+            lst.append(block)
+
+    def _rescue(self, lst: list, size: int, stream: Stream) -> None:
+        """Re-home blocks appended to a cache list that is no longer in use (lock held)."""
+        while lst:
+            try:
+                p = lst.pop()
+            except IndexError:
+                break
+            self._cache_block(p, size, stream)
 
     def _state(self, stream: Stream) -> _StreamState:
         uid = stream.uid if self._ordered else 0
