@@ -10,7 +10,7 @@ from ._stream import DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM, Event, Stream, a
 from .driver import get_driver, set_backend, use_backend
 from .resources import (
     CudaMemoryResource, DeviceMemoryResource, DeviceMemoryResourceOptions, HostMemoryResource,
-    ManagedMemoryResource, MemoryPool, PinnedMemoryResource,
+    ManagedMemoryResource, MemoryPool, PinnedMemoryResource, VirtualMemoryResource, VirtualMemoryResourceOptions,
 )
 from .suballoc import PoolResource
 from .adaptors import (
@@ -40,7 +40,8 @@ __all__ = [
     "Stream", "Event", "DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM", "as_stream",
     "get_driver", "set_backend", "use_backend",
     "CudaMemoryResource", "DeviceMemoryResource", "DeviceMemoryResourceOptions", "HostMemoryResource",
-    "ManagedMemoryResource", "MemoryPool", "PinnedMemoryResource",
+    "ManagedMemoryResource", "MemoryPool", "PinnedMemoryResource", "VirtualMemoryResource",
+    "VirtualMemoryResourceOptions",
     "PoolResource",
     "Adaptor", "LimitingAdaptor", "LoggingAdaptor", "RetryAdaptor", "Statistics", "StatisticsAdaptor",
     "TrackingAdaptor", "read_log", "replay",

@@ -7,7 +7,7 @@
     size   := digits ["." digits] [unit]        (units: B, KB, MB, GB, KiB, MiB, GiB, TiB ...)
     string := '...' | "..."
 
-Names: ``device[(dev)]`` (driver pool), ``cuda[(dev)]``, ``managed[(dev)]``, ``pinned``, ``host``,
+Names: ``device[(dev)]`` (driver pool), ``vmm[(dev)]``, ``cuda[(dev)]``, ``managed[(dev)]``, ``pinned``, ``host``,
 ``pool(upstream[, initial_size[, maximum_size]])``, ``statistics(up)``, ``tracking(up)``,
 ``limiting(up, limit)``, ``logging(up, path)``. Errors name the position.
 """
@@ -123,7 +123,7 @@ def parse_spec(spec: str) -> Node:
     return node
 
 
-_ARITY = {"device": (0, 1), "cuda": (0, 1), "managed": (0, 1), "pinned": (0, 0), "host": (0, 0),
+_ARITY = {"vmm": (0, 1), "device": (0, 1), "cuda": (0, 1), "managed": (0, 1), "pinned": (0, 0), "host": (0, 0),
           "pool": (0, 3), "statistics": (1, 1), "tracking": (1, 1), "limiting": (2, 2), "logging": (2, 2)}
 
 
@@ -152,6 +152,9 @@ def build_resource(node: Node, driver=None):
     n = node.name
     if n == "device":
         return DeviceMemoryResource(*args, driver=driver, **kw)
+    if n == "vmm":
+        from .resources import VirtualMemoryResource
+        return VirtualMemoryResource(*args, driver=driver, **kw)
     if n == "cuda":
         return CudaMemoryResource(*args, driver=driver, **kw)
     if n == "managed":

@@ -21,6 +21,7 @@ EXPECTED_ALL = {
     "as_stream", "get_driver", "set_backend", "use_backend", "CudaMemoryResource",
     "DeviceMemoryResource", "DeviceMemoryResourceOptions", "HostMemoryResource",
     "ManagedMemoryResource", "MemoryPool", "PinnedMemoryResource", "PoolResource", "Adaptor",
+    "VirtualMemoryResource", "VirtualMemoryResourceOptions",
     "LimitingAdaptor", "LoggingAdaptor", "RetryAdaptor", "Statistics", "StatisticsAdaptor",
     "TrackingAdaptor", "read_log", "replay", "parse_spec", "resource_from_spec", "__version__",
 }

@@ -213,3 +213,27 @@ def test_info_on_the_gpu(gpu, capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "CUDA driver:" in out and "[0]" in out and "memory pools (stream-ordered allocator): yes" in out
+
+
+def test_vmm_growth_trim_regrowth_on_the_gpu(gpu):
+    MiB = 1 << 20
+    mr = mrkit.VirtualMemoryResource(0, mrkit.VirtualMemoryResourceOptions(reserve_size="64 GiB"), driver=gpu)
+    s = Stream.create(0, driver=gpu)
+    a = mr.allocate(3 * MiB, s)
+    b = mr.allocate(5 * MiB, s)
+    assert b == a + 3 * MiB and mr.mapped_bytes == 8 * MiB
+    gpu.memset_async(a, 1, 3 * MiB, s.handle)
+    gpu.memset_async(b, 2, 5 * MiB, s.handle)
+    free0 = gpu.mem_get_info(0)[0]
+    mr.deallocate(b, 5 * MiB, s)
+    assert mr.trim() == 4 * MiB and mr.mapped_bytes == 4 * MiB
+    assert gpu.mem_get_info(0)[0] >= free0 + 4 * MiB - (2 * MiB)  # physical memory went back
+    assert gpu.copy_to_host(a, 4, s.handle) == b"\x01" * 4
+    c = mr.allocate(5 * MiB, s)
+    gpu.memset_async(c, 3, 5 * MiB, s.handle)
+    assert gpu.copy_to_host(c + 5 * MiB - 4, 4, s.handle) == b"\x03" * 4 and mr.mapped_bytes == 8 * MiB
+    mr.deallocate(c, 5 * MiB, s)
+    mr.deallocate(a, 3 * MiB, s)
+    assert mr.trim() == 8 * MiB and mr.mapped_bytes == 0
+    mr.close()
+    s.close()

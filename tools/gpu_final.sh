@@ -9,4 +9,6 @@ timeout ${BENCH_BUDGET:-200} python3 benchmarks/bench_pool.py --json "$OUT/bench
 tail -14 "$OUT/bench.txt"
 timeout 60 python3 benchmarks/bench_cupy.py > "$OUT/bench_cupy.txt" 2>&1
 tail -8 "$OUT/bench_cupy.txt"
+timeout ${VMM_BUDGET:-150} python3 benchmarks/bench_vmm.py > "$OUT/bench_vmm.txt" 2>&1
+tail -10 "$OUT/bench_vmm.txt"
 timeout 60 python3 -m mrkit demo >> "$OUT/info.txt" 2>&1

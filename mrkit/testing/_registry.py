@@ -6,7 +6,7 @@ import io
 from ..adaptors import LimitingAdaptor, LoggingAdaptor, RetryAdaptor, StatisticsAdaptor, TrackingAdaptor
 from ..resources import (
     CudaMemoryResource, DeviceMemoryResource, DeviceMemoryResourceOptions, HostMemoryResource,
-    ManagedMemoryResource, PinnedMemoryResource,
+    ManagedMemoryResource, PinnedMemoryResource, VirtualMemoryResource, VirtualMemoryResourceOptions,
 )
 from ..suballoc import PoolResource
 
@@ -40,4 +40,8 @@ BUILTIN_FACTORIES = {
     "retry(limiting(pool(cuda)))": lambda drv: RetryAdaptor(
         LimitingAdaptor(PoolResource(CudaMemoryResource(driver=drv)), "32 MiB"), lambda n, attempt: attempt < 2),
     "statistics(host)": lambda drv: StatisticsAdaptor(HostMemoryResource()),
+    "vmm": lambda drv: VirtualMemoryResource(0, driver=drv),
+    "vmm(auto-release)": lambda drv: VirtualMemoryResource(
+        0, VirtualMemoryResourceOptions(release_threshold="4 MiB", reserve_size="1 GiB"), driver=drv),
+    "statistics(vmm)": lambda drv: StatisticsAdaptor(VirtualMemoryResource(0, driver=drv)),
 }

@@ -1,0 +1,232 @@
+"""``VirtualMemoryResource``: one large virtual reservation, physical pages mapped on demand and
+given back when free."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._errors import CUDAError, OutOfMemoryError
+from .._sizes import format_size, parse_size
+from .._stream import DEFAULT_STREAM, Stream
+from ..driver import Driver, get_driver
+from ..suballoc._pool import _FreeList, PoolResource
+from ._basic import HostMemoryResource
+
+__all__ = ["VirtualMemoryResource", "VirtualMemoryResourceOptions"]
+
+
+@dataclass(frozen=True)
+class VirtualMemoryResourceOptions:
+    """reserve_size: virtual bytes reserved once (default: twice the device's memory).
+    page_size: physical chunk mapped at a time, a multiple of the allocation granularity (default:
+        the granularity).
+    release_threshold: free mapped bytes tolerated before pages are unmapped and released
+        automatically (``None``: only on :meth:`VirtualMemoryResource.trim`).
+    peers: devices given read-write access to every mapping (``cuMemSetAccess``)."""
+
+    reserve_size: int | str | None = None
+    page_size: int | str | None = None
+    release_threshold: int | str | None = None
+    peers: tuple = ()
+
+    def __post_init__(self):
+        for f in ("reserve_size", "page_size", "release_threshold"):
+            v = getattr(self, f)
+            if v is not None:
+                object.__setattr__(self, f, parse_size(v, f))
+        object.__setattr__(self, "peers", tuple(self.peers))
+
+
+class VirtualMemoryResource(PoolResource):
+    """Device memory on the CUDA virtual memory management API.
+
+    One virtual range is reserved at construction (``cuMemAddressReserve``) and sub-allocated with
+    :class:`~mrkit.PoolResource`'s stream-ordered free lists, so growth never copies and never moves a
+    live allocation, and neighbouring free blocks always coalesce. Physical memory comes in pages
+    (``cuMemCreate`` + ``cuMemMap`` + ``cuMemSetAccess``) mapped when a block that needs them is handed
+    out, and goes back (``cuMemUnmap`` + ``cuMemRelease``) for every page lying wholly inside free
+    memory on :meth:`trim` — or automatically when more than ``release_threshold`` mapped bytes are
+    free. Unmapping is not stream-ordered, so :meth:`trim` first synchronises the device.
+
+    Invariant: every live block and every block in an exact-size cache is fully mapped; only blocks in
+    the coalesced free lists may have unmapped pages, and taking one maps them.
+
+    Undo on failure: mapping a block's pages is one transaction; if any ``cuMemCreate``/``cuMemMap``/
+    ``cuMemSetAccess`` fails (out of memory half-way, say) the pages mapped by that call are unmapped
+    and released, the block returns to the free list, and the pool first trims itself and retries.
+    """
+
+    __slots__ = ("options", "page", "base", "reserve_size", "_top", "_pages", "_mapped_high", "_peers")
+
+    def __init__(self, device: int = 0, options: VirtualMemoryResourceOptions | None = None, *,
+                 driver: Driver | None = None) -> None:
+        opts = options or VirtualMemoryResourceOptions()
+        drv = driver or get_driver()
+        if not drv.device_capability(device, "virtual_memory_management_supported"):
+            raise ValueError(f"device {device} does not support virtual memory management")
+        gran = drv.mem_get_allocation_granularity(device)
+        page = opts.page_size or gran
+        if page % gran:
+            raise ValueError(f"page_size {page} must be a multiple of the allocation granularity {gran}")
+        reserve = opts.reserve_size or 2 * drv.device_total_mem(device)
+        reserve = -(-reserve // page) * page
+        # The pool machinery needs an upstream only for its properties; chunks come from _grow below.
+        super().__init__(HostMemoryResource(), min_chunk=page, growth_factor=0.0, driver=drv)
+        self._ordered = True
+        self.device_id = device
+        self.options, self.page, self.reserve_size = opts, page, reserve
+        self._peers = opts.peers
+        self.base = drv.mem_address_reserve(reserve, page)
+        self._top = self.base
+        self._boundaries.add(self.base)
+        self._pages: dict[int, int] = {}  # page index -> allocation handle
+        self._mapped_high = 0
+
+    # -- properties ---------------------------------------------------------------------------
+    device_accessible = True
+    host_accessible = False
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Physical bytes mapped now."""
+        return len(self._pages) * self.page
+
+    @property
+    def mapped_high(self) -> int:
+        """Highest ``mapped_bytes`` since construction (or :meth:`reset_mapped_high`)."""
+        return self._mapped_high
+
+    def reset_mapped_high(self) -> None:
+        self._mapped_high = self.mapped_bytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Virtual bytes reserved."""
+        return self.reserve_size
+
+    # -- growth: carve more of the reservation (virtual only) ------------------------------
+    def _grow(self, size: int, stream: Stream, exact: bool = False) -> int:
+        want = -(-size // self.page) * self.page
+        if self._top + want > self.base + self.reserve_size:
+            raise OutOfMemoryError(
+                f"{self!r} cannot allocate {size} bytes ({format_size(size)}): its {format_size(self.reserve_size)} "
+                f"virtual reservation is exhausted", size, self)
+        ptr = self._top
+        self._top += want
+        self._chunks[ptr] = want
+        self._chunk_stream[ptr] = stream
+        self._held += want
+        return ptr
+
+    def _release_free_chunks(self, st) -> int:
+        return 0  # the virtual range is kept; physical pages go back through trim()
+
+    # -- mapping --------------------------------------------------------------------------------
+    def _take(self, size, stream, st):
+        ptr = super()._take(size, stream, st)
+        try:
+            self._ensure_mapped(ptr, size)
+        except OutOfMemoryError:
+            self._state(stream).free.insert(ptr, size, self._boundaries)
+            self._trim_locked()
+            ptr = super()._take(size, stream, self._states.get(stream.uid))
+            try:
+                self._ensure_mapped(ptr, size)
+            except BaseException:
+                self._state(stream).free.insert(ptr, size, self._boundaries)
+                raise
+        except BaseException:
+            self._state(stream).free.insert(ptr, size, self._boundaries)
+            raise
+        thr = self.options.release_threshold
+        if thr is not None and self.mapped_bytes - self._live_total() > thr:
+            self._trim_locked(keep=(ptr, size))
+        return ptr
+
+    def _live_total(self) -> int:
+        return sum(self._live.values()) + sum(n for _, _, n in self._aligned.values())
+
+    def _ensure_mapped(self, ptr: int, size: int) -> None:
+        """Map every missing page of [ptr, ptr+size) as one transaction."""
+        drv, dev, page = self.driver, self.device_id, self.page
+        first = (ptr - self.base) // page
+        last = (ptr + size - 1 - self.base) // page
+        done: list[tuple[int, int]] = []
+        try:
+            for i in range(first, last + 1):
+                if i in self._pages:
+                    continue
+                va = self.base + i * page
+                h = drv.mem_create(dev, page)
+                try:
+                    drv.mem_map(va, page, 0, h)
+                except BaseException:
+                    drv.mem_release(h)
+                    raise
+                done.append((i, h))
+                drv.mem_set_access(va, page, dev, "readwrite")
+                for peer in self._peers:
+                    drv.mem_set_access(va, page, peer, "readwrite")
+        except BaseException as exc:
+            for i, h in reversed(done):
+                va = self.base + i * page
+                drv.mem_unmap(va, page)
+                drv.mem_release(h)
+            if isinstance(exc, CUDAError) and not isinstance(exc, OutOfMemoryError):
+                raise
+            if isinstance(exc, OutOfMemoryError):
+                raise OutOfMemoryError(
+                    f"{self!r} could not map physical memory for {size} bytes ({format_size(size)}): "
+                    f"{self.mapped_bytes} bytes mapped, {self._live_total()} live; {exc}", size, self) from None
+            raise
+        for i, h in done:
+            self._pages[i] = h
+        if self.mapped_bytes > self._mapped_high:
+            self._mapped_high = self.mapped_bytes
+
+    def trim(self) -> int:
+        """Synchronise the device, then unmap and release every page lying wholly in free memory;
+        returns the bytes released. A later allocation maps pages again."""
+        with self._lock:
+            return self._trim_locked()
+
+    release = trim
+
+    def _trim_locked(self, keep=None) -> int:
+        drv, page = self.driver, self.page
+        drv.ctx_synchronize(self.device_id)  # unmapping is not stream ordered
+        home = self._state(DEFAULT_STREAM)
+        for uid, st in list(self._states.items()):
+            st.flush(self._boundaries)
+            if st is not home:
+                self._merge(st, home)
+                del self._states[uid]
+        released = 0
+        for size, ptr in list(home.free.sizes):
+            lo = -(-(ptr - self.base) // page)
+            hi = (ptr + size - self.base) // page
+            for i in range(lo, hi):
+                h = self._pages.get(i)
+                if h is None:
+                    continue
+                if keep is not None and keep[0] < self.base + (i + 1) * page and self.base + i * page < keep[0] + keep[1]:
+                    continue
+                drv.mem_unmap(self.base + i * page, page)
+                drv.mem_release(h)
+                del self._pages[i]
+                released += page
+        return released
+
+    def close(self) -> None:
+        """Release every page and the reservation (all allocations must have been freed)."""
+        with self._lock:
+            if self._live or self._aligned:
+                raise ValueError(f"{self!r} still has {len(self._live) + len(self._aligned)} live allocations")
+            self._trim_locked()
+            if self.base:
+                self.driver.mem_address_free(self.base, self.reserve_size)
+                self.base = 0
+                self._states.clear()
+
+    def _describe(self) -> str:
+        return (f"device={self.device_id}, reserved={format_size(self.reserve_size)}, "
+                f"mapped={format_size(self.mapped_bytes)}, driver={self.driver.name}")

@@ -1,0 +1,81 @@
+"""VirtualMemoryResource on the simulator: growth, trim, regrowth, undo on failure."""
+from __future__ import annotations
+
+import pytest
+
+from mrkit import DEFAULT_STREAM, OutOfMemoryError, Stream, StreamOrderViolation, VirtualMemoryResource, VirtualMemoryResourceOptions
+from mrkit.driver import SimDeviceSpec, SimDriver
+
+MiB = 1 << 20
+
+
+def test_growth_free_trim_regrowth_tracks_mapped_bytes():
+    drv = SimDriver([SimDeviceSpec(total_memory=256 * MiB)])
+    mr = VirtualMemoryResource(0, driver=drv)
+    assert mr.reserved_bytes == 512 * MiB and mr.mapped_bytes == 0
+    s = Stream.create(driver=drv)
+    a = mr.allocate(3 * MiB, s)  # two 2 MiB pages
+    assert mr.mapped_bytes == 4 * MiB
+    b = mr.allocate(5 * MiB, s)  # contiguous after a: never copies, never moves a
+    assert b == a + 3 * MiB and mr.mapped_bytes == 8 * MiB
+    drv.memset_async(a, 1, 3 * MiB, s.handle)
+    drv.memset_async(b, 2, 5 * MiB, s.handle)
+    free0 = drv.mem_get_info(0)[0]
+    mr.deallocate(b, 5 * MiB, s)
+    assert mr.trim() == 4 * MiB  # pages wholly inside the free range; page 1 is shared with a
+    assert mr.mapped_bytes == 4 * MiB and drv.mem_get_info(0)[0] == free0 + 4 * MiB
+    assert drv.copy_to_host(a, 4, s.handle) == b"\x01" * 4  # a untouched
+    with pytest.raises(StreamOrderViolation) as v:
+        drv.touch(b + 2 * MiB, 8, s.handle)  # b's pages are gone
+    assert v.value.kind == "unmapped"
+    c = mr.allocate(5 * MiB, s)  # maps pages again
+    assert mr.mapped_bytes == 8 * MiB
+    drv.memset_async(c, 3, 5 * MiB, s.handle)
+    assert drv.copy_to_host(c + 5 * MiB - 4, 4, s.handle) == b"\x03" * 4
+    mr.deallocate(c, 5 * MiB, s)
+    mr.deallocate(a, 3 * MiB, s)
+    assert mr.trim() == 8 * MiB and mr.mapped_bytes == 0 and mr.mapped_high == 8 * MiB
+    mr.close()
+    assert drv.mem_get_info(0)[0] == 256 * MiB and drv.regions() == []
+
+
+def test_out_of_memory_half_way_leaves_nothing_mapped():
+    drv = SimDriver([SimDeviceSpec(total_memory=8 * MiB)])
+    mr = VirtualMemoryResource(0, driver=drv)
+    a = mr.allocate(4 * MiB, DEFAULT_STREAM)
+    with pytest.raises(OutOfMemoryError, match="could not map physical memory"):
+        mr.allocate(6 * MiB, DEFAULT_STREAM)  # the first two pages map, the third fails
+    assert mr.mapped_bytes == 4 * MiB and drv.mapped_bytes() == 4 * MiB
+    assert mr.live_bytes == 4 * MiB
+    mr.deallocate(a, 4 * MiB, DEFAULT_STREAM)
+    b = mr.allocate(8 * MiB, DEFAULT_STREAM)  # after a trim the whole device is usable
+    mr.deallocate(b, 8 * MiB, DEFAULT_STREAM)
+
+
+def test_automatic_release_threshold():
+    drv = SimDriver([SimDeviceSpec(total_memory=256 * MiB)])
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(release_threshold="4 MiB"), driver=drv)
+    blocks = [mr.allocate(2 * MiB, DEFAULT_STREAM) for _ in range(8)]
+    for p in blocks[:7]:
+        mr.deallocate(p, 2 * MiB, DEFAULT_STREAM)
+    mr.allocate(1 << 10, DEFAULT_STREAM)  # a slow-path allocation notices 14 MiB free and trims
+    assert mr.mapped_bytes <= 2 * MiB + 4 * MiB
+
+
+def test_peer_access_and_options():
+    drv = SimDriver(2)
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(peers=(1,), page_size="4 MiB"), driver=drv)
+    p = mr.allocate(100, DEFAULT_STREAM)
+    drv.stream_synchronize(0)
+    drv.touch(p, 100, drv.stream_create(1))  # device 1 was given access
+    with pytest.raises(ValueError, match="multiple of the allocation granularity"):
+        VirtualMemoryResource(0, VirtualMemoryResourceOptions(page_size="3 MiB"), driver=drv)
+    with pytest.raises(ValueError, match="does not support"):
+        VirtualMemoryResource(0, driver=SimDriver([SimDeviceSpec(vmm=False)]))
+
+
+def test_reservation_exhaustion_is_out_of_memory():
+    drv = SimDriver()
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size="8 MiB"), driver=drv)
+    with pytest.raises(OutOfMemoryError, match="reservation is exhausted"):
+        mr.allocate(16 * MiB, DEFAULT_STREAM)
