@@ -299,3 +299,19 @@ def test_lock_free_fast_path_under_forced_thread_switches(sim):
     assert errors == [] and pool.live_bytes == 0
     pool.release()
     assert pool.pool_size == 0  # every block came back: none was lost in a swapped-out cache list
+
+
+def test_takes_over_several_streams_when_only_together_they_fit():
+    drv = SimDriver()
+    pool = PoolResource(CudaMemoryResource(driver=drv), initial_size=2 << 20, min_chunk=2 << 20)
+    a, b, c = (Stream.create(driver=drv) for _ in range(3))
+    x = pool.allocate(1 << 20, a)
+    y = pool.allocate(1 << 20, a)
+    drv.touch(x, 1 << 20, a.handle)
+    drv.touch(y, 1 << 20, a.handle)
+    pool.deallocate(x, 1 << 20, a)
+    b.wait(a)
+    pool.deallocate(y, 1 << 20, b)  # the halves of one chunk now belong to two streams
+    z = pool.allocate(2 << 20, c)  # neither half fits alone; together they coalesce
+    assert z == min(x, y) and pool.pool_size == 2 << 20
+    drv.touch(z, 2 << 20, c.handle)  # c was ordered after both a and b
