@@ -51,10 +51,8 @@ def run(alloc, free, physical, steps):
     return peak_phys / peak_live, dt * 1e6 / len(steps)
 
 
-def mrkit_vmm(steps, threshold):
+def _mrkit_run(mr, physical, steps):
     import mrkit
-    mr = mrkit.VirtualMemoryResource(0, mrkit.VirtualMemoryResourceOptions(
-        reserve_size=256 * GiB, release_threshold=threshold))
     s = mrkit.DEFAULT_STREAM
     sizes = {}
 
@@ -65,7 +63,14 @@ def mrkit_vmm(steps, threshold):
 
     def free(p, n):
         mr.deallocate(p, sizes.pop(p), s)
-    r = run(alloc, free, lambda: mr.mapped_bytes, steps)
+    return run(alloc, free, physical, steps)
+
+
+def mrkit_vmm(steps, threshold):
+    import mrkit
+    mr = mrkit.VirtualMemoryResource(0, mrkit.VirtualMemoryResourceOptions(
+        reserve_size=256 * GiB, release_threshold=threshold))
+    r = _mrkit_run(mr, lambda: mr.mapped_bytes, steps)
     mr.close()
     return r
 
@@ -73,17 +78,7 @@ def mrkit_vmm(steps, threshold):
 def mrkit_driver_pool(steps):
     import mrkit
     mr = mrkit.DeviceMemoryResource(0, mrkit.DeviceMemoryResourceOptions())
-    s = mrkit.DEFAULT_STREAM
-    sizes = {}
-
-    def alloc(n):
-        p = mr.allocate(n, s)
-        sizes[p] = n
-        return p
-
-    def free(p, n):
-        mr.deallocate(p, sizes.pop(p), s)
-    r = run(alloc, free, lambda: mr.pool.reserved_mem_current, steps)
+    r = _mrkit_run(mr, lambda: mr.pool.reserved_mem_current, steps)
     mr.trim()
     mr.close()
     return r
