@@ -21,7 +21,6 @@ import random
 import sys
 import time
 
-import mrkit
 from mrkit import DeviceMemoryResource, LoggingAdaptor, PoolResource, StatisticsAdaptor, Stream
 
 

@@ -25,7 +25,8 @@ def _describe_devices(drv, out) -> None:
     n = drv.device_count()
     print(f"  devices: {n}", file=out)
     for dev in range(n):
-        cap = lambda name: drv.device_capability(dev, name)  # noqa: E731
+        def cap(name, dev=dev):
+            return drv.device_capability(dev, name)
         free, total = drv.mem_get_info(dev)
         print(f"  [{dev}] {drv.device_name(dev)}", file=out)
         print(f"      memory: {format_size(total)} total, {format_size(free)} free", file=out)

@@ -9,7 +9,7 @@ import pytest
 
 import mrkit
 from mrkit import (
-    DEFAULT_STREAM, Buffer, CUDAError, CUDAUnavailableError, CudaMemoryResource, HostMemoryResource,
+    DEFAULT_STREAM, CUDAError, CUDAUnavailableError, CudaMemoryResource, HostMemoryResource,
     OutOfMemoryError, Stream, as_stream, parse_size,
 )
 from mrkit.driver import CudaDriver, SimDriver

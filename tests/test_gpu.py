@@ -10,7 +10,7 @@ import pytest
 import mrkit
 from mrkit import (
     DEFAULT_STREAM, CUDAError, DeviceMemoryResource, DeviceMemoryResourceOptions, ManagedMemoryResource,
-    MemoryPool, OutOfMemoryError, PinnedMemoryResource, PoolResource, Stream, as_stream,
+    OutOfMemoryError, PinnedMemoryResource, PoolResource, Stream, as_stream,
 )
 
 pytestmark = pytest.mark.gpu

@@ -8,7 +8,7 @@ from .._errors import CUDAError, OutOfMemoryError
 from .._sizes import format_size, parse_size
 from .._stream import DEFAULT_STREAM, Stream
 from ..driver import Driver, get_driver
-from ..suballoc._pool import _FreeList, PoolResource
+from ..suballoc._pool import PoolResource
 from ._basic import HostMemoryResource
 
 __all__ = ["VirtualMemoryResource", "VirtualMemoryResourceOptions"]
