@@ -168,7 +168,12 @@ def main(argv=None) -> int:
                       help="force a backend (default: the GPU if there is one, else the simulator)")
     demo.add_argument("--ops", type=int, default=2000, help="allocate/free calls to make")
     args = parser.parse_args(argv)
-    return {"info": cmd_info, "demo": cmd_demo}[args.command](args)
+    try:
+        return {"info": cmd_info, "demo": cmd_demo}[args.command](args)
+    except BrokenPipeError:  # `mrkit info | head`: the reader left; that is not an error
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
