@@ -42,6 +42,31 @@ def test_statistics_arithmetic_is_exact():
         mr.pop_counters()
 
 
+def test_statistics_stay_exact_under_eight_threads():
+    import sys
+    mr = StatisticsAdaptor(HostMemoryResource())
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+
+    def work():
+        for i in range(700):
+            p = mr.allocate(64 + i % 5, S)
+            mr.deallocate(p, 64 + i % 5, S)
+
+    try:
+        ts = [threading.Thread(target=work) for _ in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    st = mr.statistics
+    assert (st.current_bytes, st.current_count, st.total_count) == (0, 0, 8 * 700)
+    assert st.total_bytes == 8 * sum(64 + i % 5 for i in range(700))
+    assert 64 <= st.peak_bytes <= 8 * 68 and 1 <= st.peak_count <= 8
+
+
 def test_measure_context_and_fields_are_documented():
     mr = StatisticsAdaptor(HostMemoryResource())
     with mr.measure() as m:

@@ -82,10 +82,7 @@ class DriftingStatistics(StatisticsAdaptor):
 
     def deallocate(self, ptr, nbytes, stream, alignment=256):
         self._up_free(ptr, nbytes, stream, alignment)
-        with self._lock:
-            counters = self._stack[-1]
-            counters[0] -= nbytes & ~255 if nbytes > 256 else nbytes
-            counters[3] -= 1
+        self._events.append(-(nbytes & ~255 if nbytes > 256 else nbytes))
 
 
 class AcceptsDoubleFree(CudaMemoryResource):

@@ -45,56 +45,84 @@ class StatisticsAdaptor(Adaptor):
     :meth:`pop_counters` ends it, returns its :class:`Statistics` and folds it into the frame below
     (current and total add; the lower peak becomes ``max(peak, current_before + popped_peak)``).
     ``with mr.measure() as m:`` measures a region (``m.result`` after the block). Allocations of zero
-    bytes are not counted. Thread-safe: one lock guards the counters.
+    bytes are not counted.
+
+    Threads: each allocation or free is recorded by one atomic append to an event list (``+n`` or
+    ``-n``); the counters are brought up to date from that list, in append order, under a lock —
+    whenever they are read, a frame is pushed or popped, or 512 events are pending. The append order is
+    the order the statistics describe, so peaks and totals are exact.
     """
 
-    __slots__ = ("_lock", "_stack")
+    __slots__ = ("_lock", "_stack", "_events")
 
     def __init__(self, upstream: MemoryResource) -> None:
         super().__init__(upstream)
         self._lock = threading.Lock()
         self._stack = [[0, 0, 0, 0, 0, 0]]  # cur_b, peak_b, tot_b, cur_n, peak_n, tot_n
+        self._events: list[int] = []
 
     def allocate(self, nbytes, stream, alignment=256):
         ptr = self._up_alloc(nbytes, stream, alignment)
         if ptr:
-            with self._lock:
-                c = self._stack[-1]
-                b = c[0] + nbytes
-                n = c[3] + 1
-                c[0] = b
-                c[2] += nbytes
-                c[3] = n
-                c[5] += 1
-                if b > c[1]:
-                    c[1] = b
-                if n > c[4]:
-                    c[4] = n
+            events = self._events
+            events.append(nbytes)
+            if len(events) > 512:
+                self._fold()
         return ptr
 
     def deallocate(self, ptr, nbytes, stream, alignment=256):
         self._up_free(ptr, nbytes, stream, alignment)
         if ptr:
-            with self._lock:
-                c = self._stack[-1]
-                c[0] -= nbytes
-                c[3] -= 1
+            events = self._events
+            events.append(-nbytes)
+            if len(events) > 512:
+                self._fold()
+
+    def _fold(self) -> None:
+        with self._lock:
+            self._fold_locked()
+
+    def _fold_locked(self) -> None:
+        events = self._events
+        n = len(events)
+        if not n:
+            return
+        batch = events[:n]
+        del events[:n]  # appends made meanwhile stay for the next fold
+        c = self._stack[-1]
+        b, peak_b, tot_b, k, peak_k, tot_k = c
+        for d in batch:
+            b += d
+            if d > 0:
+                tot_b += d
+                k += 1
+                tot_k += 1
+                if b > peak_b:
+                    peak_b = b
+                if k > peak_k:
+                    peak_k = k
+            else:
+                k -= 1
+        c[:] = (b, peak_b, tot_b, k, peak_k, tot_k)
 
     # -- reading and the stack ----------------------------------------------------------
     @property
     def statistics(self) -> Statistics:
         """The counters of the current (top) frame."""
         with self._lock:
+            self._fold_locked()
             return Statistics(*self._stack[-1])
 
     @property
     def live_bytes(self) -> int:
         with self._lock:
+            self._fold_locked()
             return sum(c[0] for c in self._stack)
 
     def push_counters(self) -> Statistics:
         """Start a new frame; returns the counters of the frame below as they were."""
         with self._lock:
+            self._fold_locked()
             below = Statistics(*self._stack[-1])
             self._stack.append([0, 0, 0, 0, 0, 0])
             return below
@@ -104,6 +132,7 @@ class StatisticsAdaptor(Adaptor):
         with self._lock:
             if len(self._stack) == 1:
                 raise ValueError("pop_counters: no frame was pushed")
+            self._fold_locked()
             top = self._stack.pop()
             low = self._stack[-1]
             low[1] = max(low[1], low[0] + top[1])
@@ -117,6 +146,7 @@ class StatisticsAdaptor(Adaptor):
     def reset_peak(self) -> None:
         """Set the top frame's peaks to its current values."""
         with self._lock:
+            self._fold_locked()
             c = self._stack[-1]
             c[1], c[4] = c[0], c[3]
 
