@@ -17,6 +17,7 @@ from ._base import Adaptor
 __all__ = ["LoggingAdaptor", "LogEvent", "read_log", "replay", "ReplayReport"]
 
 HEADER = "Thread,Time,Action,Pointer,Size,Stream"
+_LINE = "%d,%.6f,%s,%#x,%d,%#x\n"  # Time in seconds since the epoch, as RMM documents it
 
 
 class LoggingAdaptor(Adaptor):
@@ -28,8 +29,7 @@ class LoggingAdaptor(Adaptor):
     on :meth:`flush` (also every ``buffer_lines`` events and on :meth:`close`), under a lock.
     """
 
-    __slots__ = ("_file", "_owns", "_lock", "_buf", "_limit", "_tid", "_time", "_sec", "_hms",
-                 "_header_written")
+    __slots__ = ("_file", "_owns", "_lock", "_buf", "_limit", "_tid", "_time", "_header_written")
 
     def __init__(self, upstream: MemoryResource, sink, *, buffer_lines: int = 4096) -> None:
         super().__init__(upstream)
@@ -45,7 +45,6 @@ class LoggingAdaptor(Adaptor):
         self._limit = max(1, int(buffer_lines))
         self._tid = threading.get_ident
         self._time = time.time
-        self._sec, self._hms = -1, ""
         self._header_written = False
 
     def _log(self, action: str, ptr: int, nbytes: int, stream) -> None:
@@ -75,17 +74,12 @@ class LoggingAdaptor(Adaptor):
         n = len(buf)
         events = buf[:n]
         del buf[:n]
-        lines = [HEADER] if not self._header_written else []
-        self._header_written = True
-        sec, hms = self._sec, self._hms
-        for tid, t, action, ptr, nbytes, h in events:
-            s = int(t)
-            if s != sec:  # formatting the wall clock is slow: once a second is enough
-                sec, hms = s, time.strftime("%H:%M:%S", time.localtime(s))
-            lines.append(f"{tid},{hms}.{int((t - s) * 1e6):06d},{action},{ptr:#x},{nbytes},{h:#x}")
-        self._sec, self._hms = sec, hms
-        if lines:
-            self._file.write("\n".join(lines) + "\n")
+        text = "".join(map(_LINE.__mod__, events))
+        if not self._header_written:
+            self._header_written = True
+            text = HEADER + "\n" + text
+        if text:
+            self._file.write(text)
 
     def flush(self) -> None:
         with self._lock:
