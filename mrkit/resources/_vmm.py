@@ -72,6 +72,7 @@ class VirtualMemoryResource(PoolResource):
         # The pool machinery needs an upstream only for its properties; chunks come from _grow below.
         super().__init__(HostMemoryResource(), min_chunk=page, growth_factor=0.0, driver=drv)
         self._ordered = True
+        self._states = {}
         self.device_id = device
         self.options, self.page, self.reserve_size = opts, page, reserve
         self._peers = opts.peers

@@ -104,6 +104,13 @@ class _StreamState:
         return self.free.total() + sum(s * len(v) for s, v in self.cache.items())
 
 
+class _OneState(dict):
+    """The states of a pool that is not stream ordered: every stream id maps to key 0."""
+
+    def get(self, key, default=None):
+        return dict.get(self, 0, default)
+
+
 class PoolResource(MemoryResource):
     """A stream-ordered coalescing pool over any upstream resource (device pool, VMM, managed,
     pinned, cuMemAlloc, host, or any composition).
@@ -166,8 +173,11 @@ class PoolResource(MemoryResource):
         self._chunk_stream: dict[int, Stream] = {}
         self._held = 0
         self._event = None
-        # Host-only memory is not stream ordered: one shared free list for every stream.
+        # Host-only memory is not stream ordered: one shared free list for every stream (the hot
+        # paths look states up by stream id; for these pools every id finds the one state).
         self._ordered = upstream.device_accessible
+        if not self._ordered:
+            self._states = _OneState()
         if initial:
             with self._lock:
                 st = self._state(DEFAULT_STREAM)
@@ -212,7 +222,7 @@ class PoolResource(MemoryResource):
         if type(nbytes) is not int or nbytes <= 0 or alignment != 256:
             return self._allocate_slow(nbytes, stream, alignment)
         size = (nbytes + 255) & -256
-        st = self._states.get(stream.uid if self._ordered else 0)
+        st = self._states.get(stream.uid)
         if st is not None:
             lst = st.cache.get(size)
             if lst:
@@ -239,7 +249,7 @@ class PoolResource(MemoryResource):
             with self._lock:
                 return self._deallocate_slow(ptr, nbytes, stream, alignment)
         size = (nbytes + 255) & -256
-        uid = stream.uid if self._ordered else 0
+        uid = stream.uid
         st = self._states.get(uid)
         if st is not None:
             cache = st.cache
