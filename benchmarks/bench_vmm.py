@@ -66,10 +66,9 @@ def _mrkit_run(mr, physical, steps):
     return run(alloc, free, physical, steps)
 
 
-def mrkit_vmm(steps, threshold):
+def mrkit_vmm(steps, **options):
     import mrkit
-    mr = mrkit.VirtualMemoryResource(0, mrkit.VirtualMemoryResourceOptions(
-        reserve_size=256 * GiB, release_threshold=threshold))
+    mr = mrkit.VirtualMemoryResource(0, mrkit.VirtualMemoryResourceOptions(reserve_size=256 * GiB, **options))
     r = _mrkit_run(mr, lambda: mr.mapped_bytes, steps)
     mr.close()
     return r
@@ -117,8 +116,10 @@ def main(argv=None):
             return
         label = f"up to {max_size // GiB} GiB"
         r = rows.setdefault(label, {})
-        r["mrkit vmm (release past 0)"] = mrkit_vmm(steps, 0)
-        r["mrkit vmm (release past 1 GiB)"] = mrkit_vmm(steps, GiB)
+        r["mrkit vmm (release past 0)"] = mrkit_vmm(steps, release_threshold=0)
+        r["mrkit vmm (release past 10% of live)"] = mrkit_vmm(steps, release_fraction=0.1)
+        r["mrkit vmm (2 MiB mappings, release past 1 GiB)"] = mrkit_vmm(steps, release_threshold=GiB,
+                                                                          max_mapping="2 MiB")
         r["driver pool (mrkit DeviceMemoryResource)"] = mrkit_driver_pool(steps)
         try:
             r["cupy MemoryPool"] = cupy_pool(steps)

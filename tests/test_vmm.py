@@ -79,3 +79,34 @@ def test_reservation_exhaustion_is_out_of_memory():
     mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size="8 MiB"), driver=drv)
     with pytest.raises(OutOfMemoryError, match="reservation is exhausted"):
         mr.allocate(16 * MiB, DEFAULT_STREAM)
+
+
+@pytest.mark.parametrize("max_mapping,creates", [("64 MiB", 2), ("2 MiB", 40)])
+def test_pages_are_mapped_in_runs(max_mapping, creates):
+    drv = SimDriver([SimDeviceSpec(total_memory=1 << 30)])
+    calls = []
+    orig = drv.mem_create
+    drv.mem_create = lambda dev, n: (calls.append(n), orig(dev, n))[1]
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(max_mapping=max_mapping), driver=drv)
+    p = mr.allocate(80 * MiB, DEFAULT_STREAM)
+    assert len(calls) == creates and sum(calls) == 80 * MiB == mr.mapped_bytes
+    drv.touch(p, 80 * MiB, 0)  # every byte mapped and accessible
+    drv.stream_synchronize(0)
+    mr.deallocate(p, 80 * MiB, DEFAULT_STREAM)
+    q = mr.allocate(MiB, DEFAULT_STREAM)  # lands inside the first run: that run stays, the others go
+    assert mr.trim() == 80 * MiB - (64 * MiB if max_mapping == "64 MiB" else 2 * MiB)
+    mr.deallocate(q, MiB, DEFAULT_STREAM)
+    mr.trim()
+    assert mr.mapped_bytes == 0 and mr.mapped_high == 80 * MiB
+
+
+def test_release_fraction_keeps_free_mapped_memory_relative_to_live():
+    drv = SimDriver([SimDeviceSpec(total_memory=1 << 30)])
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(release_fraction=0.1, max_mapping="2 MiB"), driver=drv)
+    live = [mr.allocate(2 * MiB, DEFAULT_STREAM) for _ in range(50)]
+    for p in live[:25]:
+        mr.deallocate(p, 2 * MiB, DEFAULT_STREAM)
+    mr.allocate(4 * MiB, DEFAULT_STREAM)  # a slow-path allocation: free mapped (50 MiB) > 10 % of live
+    assert mr.mapped_bytes <= (25 * 2 + 4) * MiB * 1.1 + 2 * MiB
+    with pytest.raises(ValueError):
+        VirtualMemoryResourceOptions(release_fraction=-1)

@@ -2,9 +2,10 @@
 given back when free."""
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 
-from .._errors import CUDAError, OutOfMemoryError
+from .._errors import OutOfMemoryError
 from .._sizes import format_size, parse_size
 from .._stream import DEFAULT_STREAM, Stream
 from ..driver import Driver, get_driver
@@ -17,15 +18,22 @@ __all__ = ["VirtualMemoryResource", "VirtualMemoryResourceOptions"]
 @dataclass(frozen=True)
 class VirtualMemoryResourceOptions:
     """reserve_size: virtual bytes reserved once (default: twice the device's memory).
-    page_size: physical chunk mapped at a time, a multiple of the allocation granularity (default:
-        the granularity).
-    release_threshold: free mapped bytes tolerated before pages are unmapped and released
-        automatically (``None``: only on :meth:`VirtualMemoryResource.trim`).
+    page_size: the unit of physical memory, a multiple of the allocation granularity (default: the
+        granularity).
+    max_mapping: the largest single mapping (one ``cuMemCreate`` + ``cuMemMap``); a block's missing
+        pages are mapped in runs of up to this size, and a run is released only when all of it is free.
+        Larger runs mean fewer driver calls; smaller ones a tighter footprint.
+    release_threshold: free mapped bytes tolerated before free runs are unmapped and released
+        automatically (``None``: no absolute limit).
+    release_fraction: the same, relative to the live bytes (``0.1``: keep the free mapped memory under
+        10 % of what is live). With neither, memory goes back only on :meth:`VirtualMemoryResource.trim`.
     peers: devices given read-write access to every mapping (``cuMemSetAccess``)."""
 
     reserve_size: int | str | None = None
     page_size: int | str | None = None
+    max_mapping: int | str = "64 MiB"
     release_threshold: int | str | None = None
+    release_fraction: float | None = None
     peers: tuple = ()
 
     def __post_init__(self):
@@ -33,6 +41,9 @@ class VirtualMemoryResourceOptions:
             v = getattr(self, f)
             if v is not None:
                 object.__setattr__(self, f, parse_size(v, f))
+        object.__setattr__(self, "max_mapping", parse_size(self.max_mapping, "max_mapping"))
+        if self.release_fraction is not None and not self.release_fraction >= 0:
+            raise ValueError(f"release_fraction must be >= 0, got {self.release_fraction}")
         object.__setattr__(self, "peers", tuple(self.peers))
 
 
@@ -47,6 +58,9 @@ class VirtualMemoryResource(PoolResource):
     memory on :meth:`trim` — or automatically when more than ``release_threshold`` mapped bytes are
     free. Unmapping is not stream-ordered, so :meth:`trim` first synchronises the device.
 
+    Pages are mapped in runs (up to ``max_mapping`` per ``cuMemCreate``/``cuMemMap``), so a 1 GiB
+    block costs a handful of driver calls; a run goes back only when all of it is free.
+
     Invariant: every live block and every block in an exact-size cache is fully mapped; only blocks in
     the coalesced free lists may have unmapped pages, and taking one maps them.
 
@@ -55,7 +69,8 @@ class VirtualMemoryResource(PoolResource):
     and released, the block returns to the free list, and the pool first trims itself and retries.
     """
 
-    __slots__ = ("options", "page", "base", "reserve_size", "_top", "_pages", "_mapped_high", "_peers")
+    __slots__ = ("options", "page", "base", "reserve_size", "_top", "_maps", "_owner", "_mapped",
+                 "_mapped_high", "_peers", "_run_pages")
 
     def __init__(self, device: int = 0, options: VirtualMemoryResourceOptions | None = None, *,
                  driver: Driver | None = None) -> None:
@@ -79,8 +94,11 @@ class VirtualMemoryResource(PoolResource):
         self.base = drv.mem_address_reserve(reserve, page)
         self._top = self.base
         self._boundaries.add(self.base)
-        self._pages: dict[int, int] = {}  # page index -> allocation handle
+        self._maps: dict[int, tuple[int, int]] = {}  # first page of a run -> (pages, handle)
+        self._owner: dict[int, int] = {}  # page index -> first page of the run mapping it
+        self._mapped = 0
         self._mapped_high = 0
+        self._run_pages = max(1, opts.max_mapping // page)
 
     # -- properties ---------------------------------------------------------------------------
     device_accessible = True
@@ -89,7 +107,7 @@ class VirtualMemoryResource(PoolResource):
     @property
     def mapped_bytes(self) -> int:
         """Physical bytes mapped now."""
-        return len(self._pages) * self.page
+        return self._mapped
 
     @property
     def mapped_high(self) -> int:
@@ -138,62 +156,76 @@ class VirtualMemoryResource(PoolResource):
         except BaseException:
             self._state(stream).free.insert(ptr, size, self._boundaries)
             raise
-        thr = self.options.release_threshold
-        if thr is not None and self.mapped_bytes - self._live_total() > thr:
-            self._trim_locked(keep=(ptr, size))
+        opts = self.options
+        if opts.release_threshold is not None or opts.release_fraction is not None:
+            free = self._mapped - self._live_total() - size
+            limit = min(opts.release_threshold if opts.release_threshold is not None else free,
+                        int(opts.release_fraction * self._live_total()) if opts.release_fraction is not None else free)
+            if free > limit:
+                self._trim_locked()
         return ptr
 
     def _live_total(self) -> int:
         return sum(self._live.values()) + sum(n for _, _, n in self._aligned.values())
 
     def _ensure_mapped(self, ptr: int, size: int) -> None:
-        """Map every missing page of [ptr, ptr+size) as one transaction."""
-        drv, dev, page = self.driver, self.device_id, self.page
-        first = (ptr - self.base) // page
-        last = (ptr + size - 1 - self.base) // page
-        done: list[tuple[int, int]] = []
+        """Map every missing page of [ptr, ptr+size), in runs of up to ``max_mapping``, as one
+        transaction: if any step fails, the runs mapped by this call are unmapped and released."""
+        drv, dev, page, base = self.driver, self.device_id, self.page, self.base
+        first = (ptr - base) // page
+        last = (ptr + size - 1 - base) // page
+        owner = self._owner
+        runs, i = [], first
+        while i <= last:
+            if i in owner:
+                i += 1
+                continue
+            j = i
+            while j + 1 <= last and j + 1 - i < self._run_pages and (j + 1) not in owner:
+                j += 1
+            runs.append((i, j - i + 1))
+            i = j + 1
+        done: list[tuple[int, int, int]] = []
         try:
-            for i in range(first, last + 1):
-                if i in self._pages:
-                    continue
-                va = self.base + i * page
-                h = drv.mem_create(dev, page)
+            for start, n in runs:
+                va, nbytes = base + start * page, n * page
+                h = drv.mem_create(dev, nbytes)
                 try:
-                    drv.mem_map(va, page, 0, h)
+                    drv.mem_map(va, nbytes, 0, h)
                 except BaseException:
                     drv.mem_release(h)
                     raise
-                done.append((i, h))
-                drv.mem_set_access(va, page, dev, "readwrite")
+                done.append((start, n, h))
+                drv.mem_set_access(va, nbytes, dev, "readwrite")
                 for peer in self._peers:
-                    drv.mem_set_access(va, page, peer, "readwrite")
+                    drv.mem_set_access(va, nbytes, peer, "readwrite")
         except BaseException as exc:
-            for i, h in reversed(done):
-                va = self.base + i * page
-                drv.mem_unmap(va, page)
+            for start, n, h in reversed(done):
+                drv.mem_unmap(base + start * page, n * page)
                 drv.mem_release(h)
-            if isinstance(exc, CUDAError) and not isinstance(exc, OutOfMemoryError):
-                raise
             if isinstance(exc, OutOfMemoryError):
                 raise OutOfMemoryError(
                     f"{self!r} could not map physical memory for {size} bytes ({format_size(size)}): "
-                    f"{self.mapped_bytes} bytes mapped, {self._live_total()} live; {exc}", size, self) from None
+                    f"{self._mapped} bytes mapped, {self._live_total()} live; {exc}", size, self) from None
             raise
-        for i, h in done:
-            self._pages[i] = h
-        if self.mapped_bytes > self._mapped_high:
-            self._mapped_high = self.mapped_bytes
+        for start, n, h in done:
+            self._maps[start] = (n, h)
+            for k in range(start, start + n):
+                owner[k] = start
+            self._mapped += n * page
+        if self._mapped > self._mapped_high:
+            self._mapped_high = self._mapped
 
     def trim(self) -> int:
-        """Synchronise the device, then unmap and release every page lying wholly in free memory;
+        """Synchronise the device, then unmap and release every mapping lying wholly in free memory;
         returns the bytes released. A later allocation maps pages again."""
         with self._lock:
             return self._trim_locked()
 
     release = trim
 
-    def _trim_locked(self, keep=None) -> int:
-        drv, page = self.driver, self.page
+    def _trim_locked(self) -> int:
+        drv, page, base = self.driver, self.page, self.base
         drv.ctx_synchronize(self.device_id)  # unmapping is not stream ordered
         home = self._state(DEFAULT_STREAM)
         for uid, st in list(self._states.items()):
@@ -201,20 +233,21 @@ class VirtualMemoryResource(PoolResource):
             if st is not home:
                 self._merge(st, home)
                 del self._states[uid]
+        free_start = home.free.start  # block start -> size, coalesced: runs lie in at most one block
+        starts = sorted(free_start)
         released = 0
-        for size, ptr in list(home.free.sizes):
-            lo = -(-(ptr - self.base) // page)
-            hi = (ptr + size - self.base) // page
-            for i in range(lo, hi):
-                h = self._pages.get(i)
-                if h is None:
-                    continue
-                if keep is not None and keep[0] < self.base + (i + 1) * page and self.base + i * page < keep[0] + keep[1]:
-                    continue
-                drv.mem_unmap(self.base + i * page, page)
-                drv.mem_release(h)
-                del self._pages[i]
-                released += page
+        for first, (n, h) in list(self._maps.items()):
+            lo, hi = base + first * page, base + (first + n) * page
+            k = bisect_right(starts, lo) - 1
+            if k < 0 or starts[k] + free_start[starts[k]] < hi:
+                continue
+            drv.mem_unmap(lo, hi - lo)
+            drv.mem_release(h)
+            del self._maps[first]
+            for p in range(first, first + n):
+                del self._owner[p]
+            self._mapped -= hi - lo
+            released += hi - lo
         return released
 
     def close(self) -> None:

@@ -43,5 +43,7 @@ BUILTIN_FACTORIES = {
     "vmm": lambda drv: VirtualMemoryResource(0, driver=drv),
     "vmm(auto-release)": lambda drv: VirtualMemoryResource(
         0, VirtualMemoryResourceOptions(release_threshold="4 MiB", reserve_size="1 GiB"), driver=drv),
+    "vmm(page runs, relative release)": lambda drv: VirtualMemoryResource(
+        0, VirtualMemoryResourceOptions(max_mapping="2 MiB", release_fraction=0.1), driver=drv),
     "statistics(vmm)": lambda drv: StatisticsAdaptor(VirtualMemoryResource(0, driver=drv)),
 }
