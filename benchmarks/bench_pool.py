@@ -95,7 +95,6 @@ def torch_peer(streams):
 def rmm_peer(streams):
     import rmm
     mr = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource())
-    from rmm.pylibrmm.stream import Stream as RStream  # noqa: F401
 
     def alloc(n, si):
         return rmm.DeviceBuffer(size=n, mr=mr)

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # One GPU call: the whole suite on the cuda backend, the benchmarks, mrkit info/demo. Logs under $OUT.
 set -uo pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev}
+if ls .whl/*.whl >/dev/null 2>&1; then  # RMM wheels from tools/fetch_rmm_wheels.sh, for the peer columns
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev}
 python3 -m mrkit info > "$OUT/info.txt" 2>&1
 timeout ${TEST_BUDGET:-300} python3 -m pytest -q -p no:cacheprovider --timeout=90 tests/ > "$OUT/pytest.txt" 2>&1
 tail -25 "$OUT/pytest.txt"
