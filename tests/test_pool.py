@@ -315,3 +315,39 @@ def test_takes_over_several_streams_when_only_together_they_fit():
     z = pool.allocate(2 << 20, c)  # neither half fits alone; together they coalesce
     assert z == min(x, y) and pool.pool_size == 2 << 20
     drv.touch(z, 2 << 20, c.handle)  # c was ordered after both a and b
+
+
+def test_foreign_stream_collected_and_its_handle_reused():
+    """A CuPy/PyTorch-like stream object frees memory, is garbage-collected (its stream destroyed),
+    and the driver hands its handle to a new stream: the pool must not record an event on that handle."""
+    import gc
+
+    drv = SimDriver()
+    pool = PoolResource(CudaMemoryResource(driver=drv))
+
+    class ForeignStream:  # owns its handle, like cupy.cuda.Stream
+        def __init__(self):
+            self.handle = drv.stream_create(0)
+
+        def __cuda_stream__(self):
+            return (0, self.handle)
+
+        def __del__(self):
+            drv.stream_destroy(self.handle)
+
+    f = ForeignStream()
+    p = pool.allocate(1 << 20, f)
+    drv.touch(p, 1 << 20, f.handle)  # its kernel is still queued when the object goes away
+    pool.deallocate(p, 1 << 20, f)
+    old = f.handle
+    del f
+    gc.collect()
+    newcomer = drv.stream_create(0)
+    assert newcomer == old  # the handle now names a different stream
+    recorded = []
+    orig = drv.event_record
+    drv.event_record = lambda e, s: (recorded.append(s), orig(e, s))[1]
+    b = Stream.create(driver=drv)
+    q = pool.allocate(1 << 20, b)  # takes the collected stream's memory: after a device synchronise
+    assert q == p and old not in recorded
+    drv.touch(q, 1 << 20, b.handle)  # ordered after the old kernel: no violation
