@@ -1,4 +1,4 @@
-"""The ``mrkit`` command: ``mrkit info`` and ``mrkit demo``."""
+"""The ``mrkit`` command: ``mrkit info``, ``mrkit demo`` and ``mrkit replay``."""
 from __future__ import annotations
 
 import argparse
@@ -159,6 +159,31 @@ def cmd_demo(args, out=None) -> int:
     return 0
 
 
+def cmd_replay(args, out=None) -> int:
+    """Replay an allocation log (ours or RMM's) against resource specs and compare them."""
+    out = out or sys.stdout
+    from ._spec import resource_from_spec
+    from .adaptors import StatisticsAdaptor, read_log, replay
+
+    drv = _demo_driver(args.backend)
+    events = read_log(args.log)
+    print(f"{len(events)} events from {args.log} on the {drv.name} backend", file=out)
+    print("| resource | us/event | peak live | held at the end | failures |", file=out)
+    print("|---|---|---|---|---|", file=out)
+    from .driver import use_backend
+    with use_backend(drv):
+        for spec in args.resource:
+            mr = resource_from_spec(spec, drv)
+            stats = mr if isinstance(mr, StatisticsAdaptor) else None
+            r = replay(events, mr, driver=drv)
+            held = "-" if r.held_bytes is None else format_size(r.held_bytes)
+            print(f"| {spec} | {r.us_per_event:.2f} | {format_size(r.peak_live_bytes)} | {held} | {r.failures} |",
+                  file=out)
+            if stats is not None:
+                print(f"|   statistics | | peak {format_size(stats.statistics.peak_bytes)} | | |", file=out)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="mrkit", description="Stream-ordered memory resources for CUDA.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -167,9 +192,17 @@ def main(argv=None) -> int:
     demo.add_argument("--backend", choices=["cuda", "sim"], default=None,
                       help="force a backend (default: the GPU if there is one, else the simulator)")
     demo.add_argument("--ops", type=int, default=2000, help="allocate/free calls to make")
+    rep = sub.add_parser("replay", help="replay an allocation log (mrkit's or RMM's CSV) against resources")
+    rep.add_argument("log", help="the CSV log (Thread,Time,Action,Pointer,Size,Stream)")
+    rep.add_argument("--resource", action="append", default=None,
+                     help="a resource spec, e.g. 'pool(device)'; repeat to compare (default: device, pool(device))")
+    rep.add_argument("--backend", choices=["cuda", "sim"], default=None,
+                     help="force a backend (default: the GPU if there is one, else the simulator)")
     args = parser.parse_args(argv)
+    if args.command == "replay" and not args.resource:
+        args.resource = ["device", "pool(device)"]
     try:
-        return {"info": cmd_info, "demo": cmd_demo}[args.command](args)
+        return {"info": cmd_info, "demo": cmd_demo, "replay": cmd_replay}[args.command](args)
     except BrokenPipeError:  # `mrkit info | head`: the reader left; that is not an error
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

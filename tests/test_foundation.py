@@ -213,6 +213,19 @@ def test_cli_info_and_demo(capsys):
     assert "was caught deterministically" in out and "peak live" in out
 
 
+def test_cli_replay_compares_resources(tmp_path, capsys):
+    from mrkit._cli import main
+    log = tmp_path / "rmm.csv"
+    log.write_text("Thread,Time,Action,Pointer,Size,Stream\n"
+                   "1,1.0,allocate,0x1000,4096,0x0\n1,1.1,allocate,0x3000,1000,0x0\n"
+                   "1,1.2,free,0x1000,4096,0x0\n1,1.3,free,0x3000,1000,0x0\n")
+    assert main(["replay", str(log), "--backend", "sim", "--resource", "statistics(pool(cuda))",
+                 "--resource", "device"]) == 0
+    out = capsys.readouterr().out
+    assert "4 events" in out and "| statistics(pool(cuda)) |" in out and "| device |" in out
+    assert "| 5.0 KiB |" in out  # peak live: 4096 + 1000 bytes
+
+
 def test_python_dash_m_mrkit():
     out = subprocess.run([sys.executable, "-m", "mrkit", "info"], capture_output=True, text=True)
     assert out.returncode == 0 and "backend in use" in out.stdout
