@@ -351,3 +351,16 @@ def test_foreign_stream_collected_and_its_handle_reused():
     q = pool.allocate(1 << 20, b)  # takes the collected stream's memory: after a device synchronise
     assert q == p and old not in recorded
     drv.touch(q, 1 << 20, b.handle)  # ordered after the old kernel: no violation
+
+
+def test_release_waits_only_for_the_streams_that_freed_memory():
+    drv = SimDriver()
+    pool = PoolResource(DeviceMemoryResource(driver=drv))  # stream-ordered upstream frees (cuMemFree would sync)
+    s, busy = Stream.create(driver=drv), Stream.create(driver=drv)
+    other = drv.mem_alloc(0, 4096)
+    drv.memset_async(other, 1, 4096, busy.handle)
+    p = pool.allocate(4096, s)
+    drv.memset_async(p, 2, 4096, s.handle)
+    pool.deallocate(p, 4096, s)
+    assert pool.release() == 2 << 20
+    assert not drv.stream_query(busy.handle)

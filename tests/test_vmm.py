@@ -110,3 +110,17 @@ def test_release_fraction_keeps_free_mapped_memory_relative_to_live():
     assert mr.mapped_bytes <= (25 * 2 + 4) * MiB * 1.1 + 2 * MiB
     with pytest.raises(ValueError):
         VirtualMemoryResourceOptions(release_fraction=-1)
+
+
+def test_trim_waits_only_for_the_streams_that_freed_memory():
+    drv = SimDriver([SimDeviceSpec(total_memory=256 * MiB)])
+    mr = VirtualMemoryResource(0, driver=drv)
+    s, busy = Stream.create(driver=drv), Stream.create(driver=drv)
+    other = drv.mem_alloc(0, 4096)
+    drv.memset_async(other, 1, 4096, busy.handle)  # unrelated work that must keep running
+    p = mr.allocate(4 * MiB, s)
+    drv.memset_async(p, 2, 4 * MiB, s.handle)  # queued use of the block, then a stream-ordered free
+    mr.deallocate(p, 4 * MiB, s)
+    assert mr.trim() == 4 * MiB  # s was synchronised before unmapping: no violation at execution
+    assert not drv.stream_query(busy.handle)  # ...and the unrelated stream was not
+    drv.run_all()

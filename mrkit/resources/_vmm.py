@@ -55,8 +55,9 @@ class VirtualMemoryResource(PoolResource):
     live allocation, and neighbouring free blocks always coalesce. Physical memory comes in pages
     (``cuMemCreate`` + ``cuMemMap`` + ``cuMemSetAccess``) mapped when a block that needs them is handed
     out, and goes back (``cuMemUnmap`` + ``cuMemRelease``) for every page lying wholly inside free
-    memory on :meth:`trim` — or automatically when more than ``release_threshold`` mapped bytes are
-    free. Unmapping is not stream-ordered, so :meth:`trim` first synchronises the device.
+    memory on :meth:`trim` — or automatically past ``release_threshold``/``release_fraction``.
+    Unmapping is not stream-ordered, so :meth:`trim` first waits for the streams that hold free memory
+    (the whole device only when one of them may no longer exist).
 
     Pages are mapped in runs (up to ``max_mapping`` per ``cuMemCreate``/``cuMemMap``), so a 1 GiB
     block costs a handful of driver calls; a run goes back only when all of it is free.
@@ -226,13 +227,10 @@ class VirtualMemoryResource(PoolResource):
 
     def _trim_locked(self) -> int:
         drv, page, base = self.driver, self.page, self.base
-        drv.ctx_synchronize(self.device_id)  # unmapping is not stream ordered
         home = self._state(DEFAULT_STREAM)
-        for uid, st in list(self._states.items()):
-            st.flush(self._boundaries)
-            if st is not home:
-                self._merge(st, home)
-                del self._states[uid]
+        # Unmapping is not stream ordered: wait for the streams that freed the memory first.
+        self._quiesce(home, own=True)
+        home.flush(self._boundaries)
         free_start = home.free.start  # block start -> size, coalesced: runs lie in at most one block
         starts = sorted(free_start)
         released = 0

@@ -435,14 +435,33 @@ class PoolResource(MemoryResource):
         self._held += want
         return ptr
 
+    def _quiesce(self, into: _StreamState, own: bool = False) -> None:
+        """Wait for the work of every stream holding free memory (``into``'s own stream too when
+        ``own``), then move all free memory to ``into`` (lock held). Only those streams are
+        synchronised; streams mrkit cannot prove alive are covered by one device synchronise."""
+        if not self._ordered or self.driver is None:
+            return
+        drv, dev = self.driver, self.device_id or 0
+        others = [(uid, st) for uid, st in self._states.items() if st is not into]
+        device_wide = False
+        for _, st in others + ([(None, into)] if own else []):
+            if st.empty():
+                continue
+            if self._alive(st.stream) is True:
+                if st.stream.uid < 0:
+                    drv.ensure_context(dev)  # the default streams are those of the current context
+                drv.stream_synchronize(st.stream.handle)
+            else:
+                device_wide = True
+        if device_wide:
+            drv.ctx_synchronize(dev)
+        for uid, st in others:
+            self._merge(st, into)
+            del self._states[uid]
+
     def _reclaim_and_retry(self, size, stream, st, first: OutOfMemoryError) -> int:
         """Upstream refused: pool everything, return idle chunks, retry once."""
-        if self._ordered and self.driver is not None:
-            self.driver.ctx_synchronize(self.device_id or 0)
-            for uid, other in list(self._states.items()):
-                if other is not st:
-                    self._merge(other, st)
-                    del self._states[uid]
+        self._quiesce(st)
         st.flush(self._boundaries)
         ptr = st.free.take(size)
         if ptr is not None:
@@ -480,19 +499,13 @@ class PoolResource(MemoryResource):
     def release(self) -> int:
         """Give every wholly free chunk back to the upstream; returns the bytes released.
 
-        Synchronises the device first (when the pool has streams to care about), so every free
-        block is idle; free lists of all streams are then pooled, so a chunk whose pieces were freed
-        on different streams coalesces whole again and can be returned.
+        First waits for the streams that hold free memory (not the whole device, unless a stream
+        may no longer exist), then pools their free lists on the default stream, so a chunk whose
+        pieces were freed on different streams coalesces whole again and can be returned.
         """
         with self._lock:
-            home_uid = DEFAULT_STREAM.uid
-            if self._ordered and self.driver is not None and any(u != home_uid for u in self._states):
-                self.driver.ctx_synchronize(self.device_id or 0)
-                home = self._state(DEFAULT_STREAM)
-                for uid, st in list(self._states.items()):
-                    if st is not home:
-                        self._merge(st, home)
-                        del self._states[uid]
+            if any(u != DEFAULT_STREAM.uid for u in self._states):
+                self._quiesce(self._state(DEFAULT_STREAM))
             released = 0
             for st in list(self._states.values()):
                 st.flush(self._boundaries)
