@@ -133,7 +133,6 @@ class VirtualMemoryResource(PoolResource):
         ptr = self._top
         self._top += want
         self._chunks[ptr] = want
-        self._chunk_stream[ptr] = stream
         self._held += want
         return ptr
 
@@ -159,15 +158,13 @@ class VirtualMemoryResource(PoolResource):
             raise
         opts = self.options
         if opts.release_threshold is not None or opts.release_fraction is not None:
-            free = self._mapped - self._live_total() - size
+            live = self._live_total()
+            free = self._mapped - live - size
             limit = min(opts.release_threshold if opts.release_threshold is not None else free,
-                        int(opts.release_fraction * self._live_total()) if opts.release_fraction is not None else free)
+                        int(opts.release_fraction * live) if opts.release_fraction is not None else free)
             if free > limit:
                 self._trim_locked()
         return ptr
-
-    def _live_total(self) -> int:
-        return sum(self._live.values()) + sum(n for _, _, n in self._aligned.values())
 
     def _ensure_mapped(self, ptr: int, size: int) -> None:
         """Map every missing page of [ptr, ptr+size), in runs of up to ``max_mapping``, as one

@@ -146,7 +146,7 @@ class PoolResource(MemoryResource):
 
     __slots__ = ("upstream", "driver", "device_id", "maximum_size", "growth_factor", "min_chunk",
                  "_lock", "_live", "_aligned", "_states", "_chunks", "_boundaries", "_held",
-                 "_event", "_ordered", "_chunk_stream")
+                 "_event", "_ordered")
 
     def __init__(self, upstream: MemoryResource, initial_size: int | str = 0,
                  maximum_size: int | str | None = None, *, growth_factor: float = 0.0,
@@ -170,7 +170,6 @@ class PoolResource(MemoryResource):
         self._states: dict[int, _StreamState] = {}
         self._chunks: dict[int, int] = {}  # chunk base -> size
         self._boundaries: set[int] = set()  # chunk bases: blocks never coalesce across them
-        self._chunk_stream: dict[int, Stream] = {}
         self._held = 0
         self._event = None
         # Host-only memory is not stream ordered: one shared free list for every stream (the hot
@@ -204,7 +203,10 @@ class PoolResource(MemoryResource):
     def live_bytes(self) -> int:
         """Bytes handed out (as requested, before rounding) and not yet returned."""
         with self._lock:
-            return sum(self._live.values()) + sum(n for _, _, n in self._aligned.values())
+            return self._live_total()
+
+    def _live_total(self) -> int:
+        return sum(self._live.values()) + sum(n for _, _, n in self._aligned.values())
 
     @property
     def free_bytes(self) -> int:
@@ -430,7 +432,6 @@ class PoolResource(MemoryResource):
             want = size
             ptr = self.upstream.allocate(want, stream)
         self._chunks[ptr] = want
-        self._chunk_stream[ptr] = stream
         self._boundaries.add(ptr)
         self._held += want
         return ptr
@@ -490,7 +491,6 @@ class PoolResource(MemoryResource):
                     st.free._add(ptr, size)
                     raise
                 del self._chunks[ptr]
-                del self._chunk_stream[ptr]
                 self._boundaries.discard(ptr)
                 self._held -= size
                 released += size
