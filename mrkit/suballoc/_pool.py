@@ -251,14 +251,15 @@ class PoolResource(MemoryResource):
             with self._lock:
                 return self._deallocate_slow(ptr, nbytes, stream, alignment)
         size = (nbytes + 255) & -256
-        uid = stream.uid
-        st = self._states.get(uid)
+        st = self._states.get(stream.uid)
         if st is not None:
             cache = st.cache
             lst = cache.get(size)
             if lst is not None:
                 lst.append(ptr)
-                if st.cache is cache and self._states.get(uid) is st:
+                # Every path that detaches a cache (a flush, a hand-over, retiring a stream's state)
+                # swaps st.cache first, so this one test tells whether the append landed in a live list.
+                if st.cache is cache:
                     return
                 with self._lock:  # a flush or hand-over replaced the list meanwhile: rescue it
                     self._rescue(lst, size, stream)
