@@ -58,7 +58,11 @@ def test_automatic_release_threshold():
     blocks = [mr.allocate(2 * MiB, DEFAULT_STREAM) for _ in range(8)]
     for p in blocks[:7]:
         mr.deallocate(p, 2 * MiB, DEFAULT_STREAM)
-    mr.allocate(1 << 10, DEFAULT_STREAM)  # a slow-path allocation notices 14 MiB free and trims
+    before = mr.mapped_bytes
+    mr.allocate(1 << 10, DEFAULT_STREAM)  # a slow-path allocation notices 14 MiB free...
+    assert mr.mapped_bytes == before  # ...and sets it aside behind an event, without blocking
+    drv.run_all()  # the stream reaches the event
+    mr.trim(wait=False)  # (any later slow-path allocation would do the same)
     assert mr.mapped_bytes <= 2 * MiB + 4 * MiB
 
 
@@ -107,6 +111,8 @@ def test_release_fraction_keeps_free_mapped_memory_relative_to_live():
     for p in live[:25]:
         mr.deallocate(p, 2 * MiB, DEFAULT_STREAM)
     mr.allocate(4 * MiB, DEFAULT_STREAM)  # a slow-path allocation: free mapped (50 MiB) > 10 % of live
+    drv.stream_synchronize(0)
+    mr.trim(wait=False)
     assert mr.mapped_bytes <= (25 * 2 + 4) * MiB * 1.1 + 2 * MiB
     with pytest.raises(ValueError):
         VirtualMemoryResourceOptions(release_fraction=-1)
@@ -124,3 +130,35 @@ def test_trim_waits_only_for_the_streams_that_freed_memory():
     assert mr.trim() == 4 * MiB  # s was synchronised before unmapping: no violation at execution
     assert not drv.stream_query(busy.handle)  # ...and the unrelated stream was not
     drv.run_all()
+
+
+def test_non_blocking_release_waits_for_queued_work_on_its_own():
+    drv = SimDriver([SimDeviceSpec(total_memory=256 * MiB)])
+    mr = VirtualMemoryResource(0, driver=drv)
+    s = Stream.create(driver=drv)
+    p = mr.allocate(8 * MiB, s)
+    drv.memset_async(p, 7, 8 * MiB, s.handle)  # a kernel still queued when the block is freed
+    mr.deallocate(p, 8 * MiB, s)
+    assert mr.trim(wait=False) == 0 and mr.mapped_bytes == 8 * MiB and drv.pending_ops() > 0
+    drv.run_all()  # the kernel runs on mapped memory: unmapping early would be a violation here
+    assert mr.trim(wait=False) == 8 * MiB and mr.mapped_bytes == 0
+    q = mr.allocate(8 * MiB, s)  # the virtual range came back to the free list and maps again
+    assert q == p and mr.mapped_bytes == 8 * MiB
+    mr.deallocate(q, 8 * MiB, s)
+    mr.close()
+
+
+def test_releasing_before_the_event_completes_would_be_caught():
+    """The teeth of the previous test: a driver that lies about event completion makes the release
+    unmap under a queued kernel, and the simulator reports it when the kernel runs."""
+    drv = SimDriver([SimDeviceSpec(total_memory=256 * MiB)])
+    mr = VirtualMemoryResource(0, driver=drv)
+    s = Stream.create(driver=drv)
+    p = mr.allocate(8 * MiB, s)
+    drv.memset_async(p, 7, 8 * MiB, s.handle)
+    mr.deallocate(p, 8 * MiB, s)
+    drv.event_query = lambda ev: True
+    assert mr.trim(wait=False) == 8 * MiB
+    with pytest.raises(StreamOrderViolation) as v:
+        drv.run_all()
+    assert v.value.kind == "unmapped"

@@ -9,7 +9,7 @@ from .._errors import OutOfMemoryError
 from .._sizes import format_size, parse_size
 from .._stream import DEFAULT_STREAM, Stream
 from ..driver import Driver, get_driver
-from ..suballoc._pool import PoolResource
+from ..suballoc._pool import PoolResource, _FreeList
 from ._basic import HostMemoryResource
 
 __all__ = ["VirtualMemoryResource", "VirtualMemoryResourceOptions"]
@@ -71,7 +71,7 @@ class VirtualMemoryResource(PoolResource):
     """
 
     __slots__ = ("options", "page", "base", "reserve_size", "_top", "_maps", "_owner", "_mapped",
-                 "_mapped_high", "_peers", "_run_pages")
+                 "_mapped_high", "_peers", "_run_pages", "_pending")
 
     def __init__(self, device: int = 0, options: VirtualMemoryResourceOptions | None = None, *,
                  driver: Driver | None = None) -> None:
@@ -100,6 +100,7 @@ class VirtualMemoryResource(PoolResource):
         self._mapped = 0
         self._mapped_high = 0
         self._run_pages = max(1, opts.max_mapping // page)
+        self._pending: list = []  # (event, stream, runs) set aside by a non-blocking release
 
     # -- properties ---------------------------------------------------------------------------
     device_accessible = True
@@ -163,7 +164,7 @@ class VirtualMemoryResource(PoolResource):
             limit = min(opts.release_threshold if opts.release_threshold is not None else free,
                         int(opts.release_fraction * live) if opts.release_fraction is not None else free)
             if free > limit:
-                self._trim_locked()
+                self._release_async()
         return ptr
 
     def _ensure_mapped(self, ptr: int, size: int) -> None:
@@ -214,35 +215,93 @@ class VirtualMemoryResource(PoolResource):
         if self._mapped > self._mapped_high:
             self._mapped_high = self._mapped
 
-    def trim(self) -> int:
-        """Synchronise the device, then unmap and release every mapping lying wholly in free memory;
-        returns the bytes released. A later allocation maps pages again."""
+    def trim(self, wait: bool = True) -> int:
+        """Unmap and release every mapping lying wholly in free memory; returns the bytes released.
+
+        ``wait=True`` first waits for the streams that freed that memory (the whole device only when
+        one of them may be gone). ``wait=False`` blocks on nothing: it records one event per stream
+        holding free memory, sets those mappings aside, and releases each once its event has completed
+        (checked on every later trim and slow-path allocation). A later allocation maps pages again."""
         with self._lock:
-            return self._trim_locked()
+            return self._trim_locked() if wait else self._release_async()
 
     release = trim
 
-    def _trim_locked(self) -> int:
-        drv, page, base = self.driver, self.page, self.base
-        home = self._state(DEFAULT_STREAM)
-        # Unmapping is not stream ordered: wait for the streams that freed the memory first.
-        self._quiesce(home, own=True)
-        home.flush(self._boundaries)
-        free_start = home.free.start  # block start -> size, coalesced: runs lie in at most one block
-        starts = sorted(free_start)
-        released = 0
+    def _runs_in(self, free: _FreeList):
+        """The mappings lying wholly inside one free block of ``free``, with that block."""
+        page, base = self.page, self.base
+        starts = sorted(free.start)
         for first, (n, h) in list(self._maps.items()):
             lo, hi = base + first * page, base + (first + n) * page
             k = bisect_right(starts, lo) - 1
-            if k < 0 or starts[k] + free_start[starts[k]] < hi:
+            if k >= 0 and starts[k] + free.start[starts[k]] >= hi:
+                yield first, n, h, lo, hi
+
+    def _unmap(self, first: int, n: int, h: int) -> int:
+        drv, page = self.driver, self.page
+        lo = self.base + first * page
+        drv.mem_unmap(lo, n * page)
+        drv.mem_release(h)
+        del self._maps[first]
+        for p in range(first, first + n):
+            del self._owner[p]
+        self._mapped -= n * page
+        return n * page
+
+    def _trim_locked(self) -> int:
+        home = self._state(DEFAULT_STREAM)
+        released = self._drain_pending(wait=True)
+        # Unmapping is not stream ordered: wait for the streams that freed the memory first.
+        self._quiesce(home, own=True)
+        home.flush(self._boundaries)
+        for first, n, h, _, _ in list(self._runs_in(home.free)):
+            released += self._unmap(first, n, h)
+        return released
+
+    def _release_async(self) -> int:
+        """Set aside the free mappings of every stream behind one event each; release those whose
+        events completed. Never blocks (streams mrkit cannot prove alive are left for trim())."""
+        released = self._drain_pending(wait=False)
+        drv = self.driver
+        for st in list(self._states.values()):
+            st.flush(self._boundaries)
+            if not st.free.sizes or self._alive(st.stream) is not True:
                 continue
-            drv.mem_unmap(lo, hi - lo)
-            drv.mem_release(h)
-            del self._maps[first]
-            for p in range(first, first + n):
-                del self._owner[p]
-            self._mapped -= hi - lo
-            released += hi - lo
+            runs = list(self._runs_in(st.free))
+            if not runs:
+                continue
+            for first, n, h, lo, hi in runs:  # carve each run out of its free block
+                k = bisect_right(sorted(st.free.start), lo) - 1
+                start = sorted(st.free.start)[k]
+                size = st.free.start[start]
+                st.free._remove(start, size)
+                if lo > start:
+                    st.free._add(start, lo - start)
+                if start + size > hi:
+                    st.free._add(hi, start + size - hi)
+            if st.stream.uid < 0:
+                drv.ensure_context(self.device_id)
+            ev = drv.event_create(self.device_id)
+            drv.event_record(ev, st.stream.handle)
+            self._pending.append((ev, st.stream, [(first, n, h, lo, hi) for first, n, h, lo, hi in runs]))
+        return released + self._drain_pending(wait=False)
+
+    def _drain_pending(self, wait: bool) -> int:
+        """Release set-aside mappings whose events completed (all of them when ``wait``); their
+        virtual ranges go back to the free list of the stream that gave them up."""
+        drv, released, keep = self.driver, 0, []
+        for ev, stream, runs in self._pending:
+            if wait:
+                drv.event_synchronize(ev)
+            elif not drv.event_query(ev):
+                keep.append((ev, stream, runs))
+                continue
+            drv.event_destroy(ev)
+            st = self._state(stream)
+            for first, n, h, lo, hi in runs:
+                released += self._unmap(first, n, h)
+                st.free.insert(lo, hi - lo, self._boundaries)
+        self._pending = keep
         return released
 
     def close(self) -> None:
