@@ -150,7 +150,8 @@ class Buffer:
                     drv.stream_wait_event(consumer, ev)
                 finally:
                     drv.event_destroy(ev)
-        return to_dlpack_capsule(self)
+        versioned = max_version is not None and tuple(max_version)[0] >= 1
+        return to_dlpack_capsule(self, versioned)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         from .integrations.dlpack import dlpack_device

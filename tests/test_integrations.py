@@ -61,6 +61,12 @@ def test_dlpack_zero_copy_on_host_memory():
     assert arr.dtype == np.uint8 and arr.shape == (16,) and arr.ctypes.data == buf.ptr
     mr.view(buf.ptr, 1)[:] = b"c"
     assert arr[0] == 99  # the same bytes: zero-copy
+    arr[1] = 7  # NumPy asks for DLPack 1.x: a versioned capsule, writable
+    assert bytes(mr.view(buf.ptr + 1, 1)) == b"\x07"
+    legacy = np.from_dlpack(types.SimpleNamespace(
+        __dlpack__=lambda **kw: buf.__dlpack__(), __dlpack_device__=buf.__dlpack_device__))
+    assert legacy.ctypes.data == buf.ptr and not legacy.flags.writeable  # the 0.8 ABI still works
+    del legacy
     assert buf.__dlpack_device__() == (1, 0)
     del buf
     assert mr.live_bytes == 16  # the array keeps the memory alive

@@ -1,8 +1,9 @@
 """DLPack export of mrkit memory (zero-copy), with ctypes only.
 
-``Buffer.__dlpack__`` produces a legacy ``"dltensor"`` capsule (DLPack 0.8 ABI) describing the
-buffer as a 1-D ``uint8`` tensor; ``Buffer.__dlpack_device__`` answers the device. The buffer stays
-alive until the consumer calls the tensor's deleter (or the capsule is dropped unconsumed).
+``Buffer.__dlpack__`` describes the buffer as a writable 1-D ``uint8`` tensor: a DLPack 1.x
+``"dltensor_versioned"`` capsule when the consumer asks for ``max_version >= (1, 0)``, else a legacy
+``"dltensor"`` capsule (DLPack 0.8 ABI). ``Buffer.__dlpack_device__`` answers the device. The buffer
+stays alive until the consumer calls the tensor's deleter (or the capsule is dropped unconsumed).
 """
 from __future__ import annotations
 
@@ -35,6 +36,20 @@ class _DLManagedTensor(ctypes.Structure):
 _Deleter = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
 _DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _Deleter)]
 
+
+class _DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):
+    pass
+
+
+_DeleterVersioned = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensorVersioned))
+_DLManagedTensorVersioned._fields_ = [("version", _DLPackVersion), ("manager_ctx", ctypes.c_void_p),
+                                      ("deleter", _DeleterVersioned), ("flags", ctypes.c_uint64),
+                                      ("dl_tensor", _DLTensor)]
+
 _live: dict[int, tuple] = {}  # address of the managed tensor -> what must stay alive
 
 _api = ctypes.pythonapi
@@ -53,11 +68,16 @@ def _delete(managed) -> None:
     _live.pop(ctypes.addressof(managed.contents), None)
 
 
+@_DeleterVersioned
+def _delete_versioned(managed) -> None:
+    _live.pop(ctypes.addressof(managed.contents), None)
+
+
 def _disarm_at_exit() -> None:
     """At interpreter exit a consumer may release its tensors after Python can no longer run
     callbacks: clear the deleters (DLPack allows NULL) and let the process reclaim the memory."""
     for mt, _shape, buf in list(_live.values()):
-        mt.deleter = _Deleter()
+        mt.deleter = type(mt.deleter)()
         buf.resource = None  # nothing to free at exit
     # The consumer may still read the tensor structs during its own teardown: never free them.
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(_live))
@@ -70,10 +90,10 @@ _CapsuleDestructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 @_CapsuleDestructor
 def _capsule_destructor(capsule) -> None:
-    # Unconsumed capsules still carry the name "dltensor"; consumers rename them "used_dltensor".
-    if _api.PyCapsule_IsValid(capsule, b"dltensor"):
-        addr = _api.PyCapsule_GetPointer(capsule, b"dltensor")
-        _live.pop(addr, None)
+    # Unconsumed capsules keep their name; consumers rename them "used_dltensor[_versioned]".
+    for name in (b"dltensor", b"dltensor_versioned"):
+        if _api.PyCapsule_IsValid(capsule, name):
+            _live.pop(_api.PyCapsule_GetPointer(capsule, name), None)
 
 
 def dlpack_device(buf) -> tuple[int, int]:
@@ -97,20 +117,33 @@ def _root(mr):
     return mr
 
 
-def to_dlpack_capsule(buf):
-    """A ``"dltensor"`` capsule viewing ``buf`` as ``uint8[size]``; keeps ``buf`` alive until deleted."""
+def _fill(t: _DLTensor, buf, shape) -> None:
     dev_type, dev_id = dlpack_device(buf)
+    t.data = buf.ptr or None
+    t.device = _DLDevice(dev_type, dev_id)
+    t.ndim = 1
+    t.dtype = _DLDataType(1, 8, 1)  # kDLUInt, 8 bits
+    t.shape = shape
+    t.strides = None
+    t.byte_offset = 0
+
+
+def to_dlpack_capsule(buf, versioned: bool = False):
+    """A capsule viewing ``buf`` as ``uint8[size]``; keeps ``buf`` alive until deleted.
+    ``versioned`` gives a DLPack 1.x ``"dltensor_versioned"`` capsule (writable, not a copy)."""
     shape = (ctypes.c_int64 * 1)(buf.size)
-    mt = _DLManagedTensor()
-    mt.dl_tensor.data = buf.ptr or None
-    mt.dl_tensor.device = _DLDevice(dev_type, dev_id)
-    mt.dl_tensor.ndim = 1
-    mt.dl_tensor.dtype = _DLDataType(1, 8, 1)  # kDLUInt, 8 bits
-    mt.dl_tensor.shape = shape
-    mt.dl_tensor.strides = None
-    mt.dl_tensor.byte_offset = 0
+    if versioned:
+        mt = _DLManagedTensorVersioned()
+        mt.version = _DLPackVersion(1, 0)
+        mt.flags = 0
+        mt.deleter = _delete_versioned
+        name = b"dltensor_versioned"
+    else:
+        mt = _DLManagedTensor()
+        mt.deleter = _delete
+        name = b"dltensor"
     mt.manager_ctx = None
-    mt.deleter = _delete
+    _fill(mt.dl_tensor, buf, shape)
     addr = ctypes.addressof(mt)
     _live[addr] = (mt, shape, buf)
-    return _api.PyCapsule_New(addr, b"dltensor", ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+    return _api.PyCapsule_New(addr, name, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
