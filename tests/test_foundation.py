@@ -229,3 +229,60 @@ def test_cli_replay_compares_resources(tmp_path, capsys):
 def test_python_dash_m_mrkit():
     out = subprocess.run([sys.executable, "-m", "mrkit", "info"], capture_output=True, text=True)
     assert out.returncode == 0 and "backend in use" in out.stdout
+
+
+class _BindingsProxy:
+    """cuda.bindings.driver with the memory-advice calls recorded instead of made, shaped like 12.x
+    (``*_v2`` take a location) or 13.x (the plain names take a location)."""
+
+    def __init__(self, major):
+        from cuda.bindings import driver
+        self._real, self.calls = driver, []
+        ok = (driver.CUresult.CUDA_SUCCESS,)
+        names = ["cuMemAdvise_v2", "cuMemPrefetchAsync_v2"] if major == 12 else ["cuMemAdvise", "cuMemPrefetchAsync"]
+        for name in names:
+            setattr(self, name, lambda *args, _n=name: (self.calls.append((_n, args)), ok)[1])
+
+    def __getattr__(self, name):
+        if name in ("cuMemAdvise_v2", "cuMemPrefetchAsync_v2", "cuMemAdvise", "cuMemPrefetchAsync"):
+            raise AttributeError(name)
+        return getattr(self._real, name)
+
+
+@pytest.mark.parametrize("major", [12, 13])
+def test_cuda_backend_picks_the_location_form_of_advise_and_prefetch(major):
+    drv = CudaDriver()
+    proxy = _BindingsProxy(major)
+    drv._drv = proxy  # the lazily loaded module: no driver is touched
+    drv.mem_advise(0x1000, 4096, "set_preferred_location", 0)
+    drv.mem_prefetch_async(0x1000, 4096, "host", 7)
+    (n1, a1), (n2, a2) = proxy.calls
+    suffix = "_v2" if major == 12 else ""
+    assert (n1, n2) == (f"cuMemAdvise{suffix}", f"cuMemPrefetchAsync{suffix}")
+    assert a1[3].type == proxy.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE and a1[3].id == 0
+    assert a2[2].type == proxy.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST and a2[3:] == (0, 7)
+    with pytest.raises(ValueError, match="unsupported advice"):
+        drv.mem_advise(0x1000, 4096, "make_it_fast", 0)
+    with pytest.raises(ValueError, match="location"):
+        drv.mem_prefetch_async(0x1000, 4096, "gpu", 7)
+
+
+def test_pool_size_attributes_are_passed_as_cuuint64():
+    drv = CudaDriver()
+    from cuda.bindings import driver as real
+    seen = []
+
+    class P:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def cuMemPoolSetAttribute(self, pool, attr, value):
+            seen.append((attr, value))
+            return (real.CUresult.CUDA_SUCCESS,)
+
+    drv._drv = P()
+    drv.mem_pool_set_attribute(0x10, "release_threshold", 1 << 40)
+    drv.mem_pool_set_attribute(0x10, "reuse_allow_opportunistic", 0)
+    (a1, v1), (a2, v2) = seen
+    assert isinstance(v1, real.cuuint64_t) and int(v1) == 1 << 40
+    assert type(v2) is int and v2 == 0
