@@ -5,7 +5,7 @@ import operator
 import threading
 from contextlib import contextmanager
 
-from ._stream import DEFAULT_STREAM, Stream, as_stream
+from ._stream import DEFAULT_STREAM, Stream, as_stream, order_after
 
 __all__ = [
     "MemoryResource", "Buffer", "check_request",
@@ -144,12 +144,7 @@ class Buffer:
             if consumer != self.stream.handle:
                 from .driver import get_driver
                 drv = getattr(self.resource, "driver", None) or get_driver()
-                ev = drv.event_create(self.resource.device_id or 0)
-                try:
-                    drv.event_record(ev, self.stream.handle)
-                    drv.stream_wait_event(consumer, ev)
-                finally:
-                    drv.event_destroy(ev)
+                order_after(drv, self.resource.device_id or 0, consumer, self.stream.handle)
         versioned = max_version is not None and tuple(max_version)[0] >= 1
         return to_dlpack_capsule(self, versioned)
 

@@ -16,7 +16,7 @@ import weakref
 
 from .driver import Driver, get_driver
 
-__all__ = ["Stream", "Event", "DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM", "as_stream", "check_stream"]
+__all__ = ["Stream", "Event", "DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM", "as_stream", "check_stream", "order_after"]
 
 _LEGACY_UID = -1
 _PER_THREAD_UID = -2
@@ -95,12 +95,7 @@ class Stream:
             self.driver.stream_wait_event(self.handle, other.handle)
             return
         other = as_stream(other)
-        ev = Event.create(other.device or 0, driver=self.driver)
-        try:
-            ev.record(other)
-            self.driver.stream_wait_event(self.handle, ev.handle)
-        finally:
-            ev.close()
+        order_after(self.driver, other.device or 0, self.handle, other.handle)
 
     def close(self) -> None:
         """Destroy an owning stream (work already enqueued still completes); no-op otherwise."""
@@ -223,6 +218,17 @@ def as_stream(obj, driver: Driver | None = None) -> Stream:
         s._owner_ref = weakref.ref(obj)
         _foreign[obj] = s
     return s
+
+
+def order_after(driver: Driver, device: int, waiter: int, signaller: int) -> None:
+    """Make future work on stream handle ``waiter`` wait for the work queued so far on ``signaller``
+    (one temporary event)."""
+    ev = driver.event_create(device)
+    try:
+        driver.event_record(ev, signaller)
+        driver.stream_wait_event(waiter, ev)
+    finally:
+        driver.event_destroy(ev)
 
 
 def check_stream(obj) -> None:

@@ -228,14 +228,14 @@ class VirtualMemoryResource(PoolResource):
     release = trim
 
     def _runs_in(self, free: _FreeList):
-        """The mappings lying wholly inside one free block of ``free``, with that block."""
+        """The mappings lying wholly inside one free block of ``free``, with that block's start."""
         page, base = self.page, self.base
         starts = sorted(free.start)
         for first, (n, h) in list(self._maps.items()):
             lo, hi = base + first * page, base + (first + n) * page
             k = bisect_right(starts, lo) - 1
             if k >= 0 and starts[k] + free.start[starts[k]] >= hi:
-                yield first, n, h, lo, hi
+                yield first, n, h, lo, hi, starts[k]
 
     def _unmap(self, first: int, n: int, h: int) -> int:
         drv, page = self.driver, self.page
@@ -254,7 +254,7 @@ class VirtualMemoryResource(PoolResource):
         # Unmapping is not stream ordered: wait for the streams that freed the memory first.
         self._quiesce(home, own=True)
         home.flush(self._boundaries)
-        for first, n, h, _, _ in list(self._runs_in(home.free)):
+        for first, n, h, *_ in list(self._runs_in(home.free)):
             released += self._unmap(first, n, h)
         return released
 
@@ -270,20 +270,24 @@ class VirtualMemoryResource(PoolResource):
             runs = list(self._runs_in(st.free))
             if not runs:
                 continue
-            for first, n, h, lo, hi in runs:  # carve each run out of its free block
-                k = bisect_right(sorted(st.free.start), lo) - 1
-                start = sorted(st.free.start)[k]
-                size = st.free.start[start]
-                st.free._remove(start, size)
-                if lo > start:
-                    st.free._add(start, lo - start)
-                if start + size > hi:
-                    st.free._add(hi, start + size - hi)
+            by_block: dict[int, list] = {}
+            for first, n, h, lo, hi, block in runs:
+                by_block.setdefault(block, []).append((lo, hi))
+            for block, spans in by_block.items():  # carve the runs out: the gaps stay free
+                end = block + st.free.start[block]
+                st.free._remove(block, end - block)
+                cursor = block
+                for lo, hi in sorted(spans):
+                    if lo > cursor:
+                        st.free._add(cursor, lo - cursor)
+                    cursor = hi
+                if end > cursor:
+                    st.free._add(cursor, end - cursor)
             if st.stream.uid < 0:
                 drv.ensure_context(self.device_id)
             ev = drv.event_create(self.device_id)
             drv.event_record(ev, st.stream.handle)
-            self._pending.append((ev, st.stream, [(first, n, h, lo, hi) for first, n, h, lo, hi in runs]))
+            self._pending.append((ev, st.stream, [r[:5] for r in runs]))
         return released + self._drain_pending(wait=False)
 
     def _drain_pending(self, wait: bool) -> int:

@@ -70,6 +70,17 @@ class _FreeList:
         return sum(s for s, _ in self.sizes)
 
 
+def _drain(lst: list):
+    """Pop every element of ``lst`` with atomic pops: with lock-free appenders and poppers around,
+    each element is taken by exactly one party."""
+    pop = lst.pop
+    while lst:
+        try:
+            yield pop()
+        except IndexError:
+            return
+
+
 class _StreamState:
     """Free memory owned by one stream: an exact-size cache (the fast path) and a coalesced list."""
 
@@ -89,12 +100,7 @@ class _StreamState:
         free = self.free
         old, self.cache = self.cache, {}
         for size, ptrs in old.items():
-            pop = ptrs.pop
-            while ptrs:
-                try:
-                    p = pop()
-                except IndexError:
-                    break
+            for p in _drain(ptrs):
                 free.insert(p, size, boundaries)
 
     def empty(self) -> bool:
@@ -318,11 +324,7 @@ class PoolResource(MemoryResource):
 
     def _rescue(self, lst: list, size: int, stream: Stream) -> None:
         """Re-home blocks appended to a cache list that is no longer in use (lock held)."""
-        while lst:
-            try:
-                p = lst.pop()
-            except IndexError:
-                break
+        for p in _drain(lst):
             self._cache_block(p, size, stream)
 
     def _state(self, stream: Stream) -> _StreamState:
