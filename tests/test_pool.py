@@ -182,43 +182,47 @@ def test_host_upstream_ignores_streams():
     assert pool.allocate(100, DEFAULT_STREAM) == p
 
 
-def test_eight_threads_never_share_a_block(sim):
-    pool = PoolResource(LimitingAdaptor(CudaMemoryResource(), "512 MiB"))
-    owned: dict[int, int] = {}
-    lock = threading.Lock()
-    errors = []
+class _OwnershipCheck:
+    """Threads allocate and free through one pool while a shared map of who owns which bytes
+    records every overlap (a block handed out twice) in ``errors``."""
 
-    def work(tid):
-        s = DEFAULT_STREAM
+    def __init__(self, pool):
+        self.pool, self.owned, self.lock, self.errors = pool, {}, threading.Lock(), []
+
+    def _give_back(self, q, m):
+        with self.lock:
+            del self.owned[q]
+        self.pool.deallocate(q, m, DEFAULT_STREAM)
+
+    def work(self, tid, iters, size_of, free_now):
         try:
             mine = []
-            for i in range(400):
-                n = 256 * (1 + (i * 7 + tid) % 40)
-                p = pool.allocate(n, s)
-                with lock:
-                    for q, m in owned.items():
-                        if q < p + n and p < q + m:
-                            errors.append((p, n, q, m))
-                    owned[p] = n
+            for i in range(iters):
+                n = size_of(i, tid)
+                p = self.pool.allocate(n, DEFAULT_STREAM)
+                with self.lock:
+                    if any(q < p + n and p < q + m for q, m in self.owned.items()):
+                        self.errors.append(("overlap", p, n))
+                    self.owned[p] = n
                 mine.append((p, n))
-                if i % 3 == 0:
-                    q, m = mine.pop(0)
-                    with lock:
-                        del owned[q]
-                    pool.deallocate(q, m, s)
+                if free_now(i, mine):
+                    self._give_back(*mine.pop(0))
             for q, m in mine:
-                with lock:
-                    del owned[q]
-                pool.deallocate(q, m, s)
+                self._give_back(q, m)
         except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
+            self.errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+
+def test_eight_threads_never_share_a_block(sim):
+    pool = PoolResource(LimitingAdaptor(CudaMemoryResource(), "512 MiB"))
+    check = _OwnershipCheck(pool)
+    threads = [threading.Thread(target=check.work, args=(t, 400, lambda i, t: 256 * (1 + (i * 7 + t) % 40),
+                                                        lambda i, mine: i % 3 == 0)) for t in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert errors == [] and pool.live_bytes == 0
+    assert check.errors == [] and pool.live_bytes == 0
 
 
 def test_pool_over_device_pool_uses_stream_ordered_chunks():
@@ -250,33 +254,12 @@ def test_lock_free_fast_path_under_forced_thread_switches(sim):
     import sys
 
     pool = PoolResource(CudaMemoryResource(), min_chunk=1 << 16)
-    owned: dict[int, int] = {}
-    lock = threading.Lock()
-    errors = []
+    check = _OwnershipCheck(pool)
+    errors = check.errors
     stop = threading.Event()
 
     def work(tid):
-        try:
-            mine = []
-            for i in range(1500):
-                n = 256 * (1 + (i + tid) % 3)
-                p = pool.allocate(n, DEFAULT_STREAM)
-                with lock:
-                    if any(q < p + n and p < q + m for q, m in owned.items()):
-                        errors.append(("overlap", p, n))
-                    owned[p] = n
-                mine.append((p, n))
-                if len(mine) > 4:
-                    q, m = mine.pop(0)
-                    with lock:
-                        del owned[q]
-                    pool.deallocate(q, m, DEFAULT_STREAM)
-            for q, m in mine:
-                with lock:
-                    del owned[q]
-                pool.deallocate(q, m, DEFAULT_STREAM)
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
+        check.work(tid, 1500, lambda i, t: 256 * (1 + (i + t) % 3), lambda i, mine: len(mine) > 4)
 
     def flusher():
         while not stop.is_set():
