@@ -51,7 +51,11 @@ def mrkit_peer(kind, streams):
 
     def footprint():
         return pool.pool_size if kind != "driver-pool" else base.pool.reserved_mem_high
-    return alloc, free, footprint
+
+    def pair_loop(n, count, s=streams[0]):
+        for _ in range(count):
+            f(a(n, s), n, s)
+    return alloc, free, footprint, pair_loop
 
 
 def cupy_peer(kind, streams):
@@ -60,7 +64,11 @@ def cupy_peer(kind, streams):
     cs = [cupy.cuda.Stream.from_external(s) for s in streams]
     malloc = pool.malloc
 
+    cs[0].use()  # stream 0 is current, as a CuPy user on one stream has it: no context switch
+
     def alloc(n, si):
+        if si == 0:
+            return malloc(n)
         with cs[si]:
             return malloc(n)
 
@@ -70,8 +78,12 @@ def cupy_peer(kind, streams):
         del h
 
     def footprint():
-        return pool.total_bytes() if kind == "MemoryPool" else pool.total_bytes()
-    return alloc, free, footprint
+        return pool.total_bytes()
+
+    def pair_loop(n, count):  # stream 0 is current; the MemoryPointer dies at once and frees
+        for _ in range(count):
+            malloc(n)
+    return alloc, free, footprint, pair_loop
 
 
 def torch_peer(streams):
@@ -89,38 +101,56 @@ def torch_peer(streams):
 
     def footprint():
         return torch.cuda.max_memory_reserved()
-    return alloc, free, footprint
+
+    def pair_loop(n, count, s=ts[0]):
+        for _ in range(count):
+            cd(ca(n, 0, s))
+    return alloc, free, footprint, pair_loop
 
 
-def rmm_peer(streams):
+def rmm_peer(kind, streams):
+    """RMM's resources through their Python allocate/deallocate (the same level as mrkit's calls)."""
     import rmm
-    mr = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource())
+    from rmm.pylibrmm.stream import Stream as RmmStream
+    if kind == "pool":
+        mr = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=2 << 20)
+    elif kind == "arena":
+        mr = rmm.mr.ArenaMemoryResource(rmm.mr.CudaMemoryResource())
+    else:
+        mr = rmm.mr.CudaAsyncMemoryResource()
+    rs = [RmmStream(s) for s in streams]  # mrkit streams speak __cuda_stream__
+    a, f = mr.allocate, mr.deallocate
 
     def alloc(n, si):
-        return rmm.DeviceBuffer(size=n, mr=mr)
+        return (a(n, rs[si]), n)
 
     def free(h, si, owner=None):
-        del h
+        if owner is not None and owner != si:
+            streams[si].wait(streams[owner])
+        f(h[0], h[1], rs[si])
 
     def footprint():
-        return mr.pool_size()
-    return alloc, free, footprint
+        return mr.pool_size() if kind == "pool" else float("nan")
+
+    def pair_loop(n, count, s=rs[0]):
+        for _ in range(count):
+            f(a(n, s), n, s)
+    return alloc, free, footprint, pair_loop
 
 
 # -- workloads ---------------------------------------------------------------------------------------------------
 def pairs(peer, n, count):
-    alloc, free, _ = peer
+    loop = peer[3]  # each allocator's own tightest loop: one alloc+free on stream 0
 
     def run():
-        for _ in range(count):
-            free(alloc(n, 0), 0)
+        loop(n, count)
         return count
     run()
     return _timeit(run)
 
 
 def batch(peer, sizes, order, reps):
-    alloc, free, _ = peer
+    alloc, free = peer[:2]
 
     def run():
         for _ in range(reps):
@@ -134,7 +164,7 @@ def batch(peer, sizes, order, reps):
 
 
 def random_workload(peer, ops, seed=1):
-    alloc, free, _ = peer
+    alloc, free = peer[:2]
     rng = random.Random(seed)
     plan = [(rng.random() < 0.5, rng.randint(1, 8 << 20), rng.random()) for _ in range(ops)]
 
@@ -153,7 +183,7 @@ def random_workload(peer, ops, seed=1):
 
 
 def multistream(peer, ops, seed=2):
-    alloc, free, footprint = peer
+    alloc, free, footprint = peer[:3]
     rng = random.Random(seed)
     plan = [(rng.randrange(8), rng.random() < 0.55, int(2 ** rng.uniform(8, 22)), rng.random(), rng.random() < 0.25)
             for _ in range(ops)]
@@ -201,7 +231,8 @@ def main(argv=None):
         print("torch not installed: skipped", file=sys.stderr)
     try:
         import rmm  # noqa: F401
-        peers["rmm pool"] = lambda: rmm_peer(streams)
+        for kind in ("pool", "arena", "async"):
+            peers[f"rmm {kind}"] = (lambda k: lambda: rmm_peer(k, streams))(kind)
     except ImportError:
         print("rmm not installed: skipped (no wheels on this machine)", file=sys.stderr)
 
@@ -229,10 +260,11 @@ def main(argv=None):
     lines = ["| allocator | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for name, r in results.items():
         lines.append(f"| {name} | " + " | ".join(f"{r[k]:.2f}" for k in keys) + " |")
-    ref = results.get("cupy MemoryPool")
-    if ref:
-        mine = results["mrkit pool"]
-        lines.append("| **mrkit pool / cupy MemoryPool** | " + " | ".join(f"{mine[k] / ref[k]:.2f}x" for k in keys) + " |")
+    mine = results["mrkit pool"]
+    for peer in ("cupy MemoryPool", "rmm pool", "torch caching"):
+        ref = results.get(peer)
+        if ref:
+            lines.append(f"| **mrkit pool / {peer}** | " + " | ".join(f"{mine[k] / ref[k]:.2f}x" for k in keys) + " |")
     lines.append("")
     lines.append(f"adaptor overhead per 256 B pair: statistics {over['stats']:.0f} ns, logging {over['log']:.0f} ns")
     table = "\n".join(lines)

@@ -62,6 +62,8 @@ def test_cupy_pinned_allocator(gpu):
 
 _NUMBA = r"""
 import numpy as np
+if not hasattr(np, "row_stack"):  # numba-cuda releases that predate numpy 2.5 still name row_stack,
+    np.row_stack = np.vstack      # which 2.5 removed: restore the alias so their kernels compile
 from numba import cuda
 import mrkit
 

@@ -10,7 +10,7 @@ import pytest
 
 import mrkit
 from mrkit import (
-    DEFAULT_STREAM, HostMemoryResource, LimitingAdaptor, PoolResource, StatisticsAdaptor, Stream,
+    DEFAULT_STREAM, Adaptor, HostMemoryResource, LimitingAdaptor, PoolResource, StatisticsAdaptor, Stream,
     parse_spec, resource_from_spec,
 )
 
@@ -92,7 +92,9 @@ def test_dlpack_device_and_consumer_stream_on_device_memory(sim):
     del cap
 
 
-def _fake_cupy(calls):
+def _fake_cupy(calls, function_allocator=True):
+    """A stand-in for CuPy's allocator API, with CuPy's semantics: PythonFunctionAllocator's memory
+    calls ``malloc_func(size, device_id)`` and, when dropped, ``free_func(ptr, device_id)``."""
     cupy = types.ModuleType("cupy")
     cuda = types.SimpleNamespace()
 
@@ -103,13 +105,33 @@ def _fake_cupy(calls):
         def __cuda_stream__(self):
             return (0, self.ptr)
 
-    current = {"s": FakeStream(0)}
+    current = {"s": FakeStream(0), "device": 0}
+
+    class FunctionMemory:
+        def __init__(self, size, malloc_func, free_func, device_id):
+            self.size, self.device_id, self._free, self.ptr = size, device_id, free_func, 0
+            self.ptr = malloc_func(size, device_id) if size > 0 else 0
+
+        def __del__(self):
+            if self.ptr:
+                self._free(self.ptr, self.device_id)
+
+    class PythonFunctionAllocator:
+        def __init__(self, malloc_func, free_func):
+            self._m, self._f = malloc_func, free_func
+
+        def malloc(self, size):
+            return cuda.MemoryPointer(FunctionMemory(size, self._m, self._f, current["device"]), 0)
+
     cuda.get_current_stream = lambda: current["s"]
     cuda.UnownedMemory = lambda ptr, size, owner, device_id: types.SimpleNamespace(
         ptr=ptr, size=size, owner=owner, device_id=device_id)
     cuda.MemoryPointer = lambda mem, offset: types.SimpleNamespace(mem=mem, ptr=mem.ptr + offset)
     cuda.PinnedMemoryPointer = lambda mem, offset: types.SimpleNamespace(mem=mem, ptr=mem.ptr + offset)
+    if function_allocator:
+        cuda.PythonFunctionAllocator = PythonFunctionAllocator
     cuda.set_allocator = lambda fn: calls.append(("set_allocator", fn))
+    cuda.get_allocator = lambda: next(fn for what, fn in reversed(calls) if what == "set_allocator")
     cuda.set_pinned_memory_allocator = lambda fn: calls.append(("set_pinned", fn))
     cupy.cuda = cuda
     cupy._current = current
@@ -117,28 +139,57 @@ def _fake_cupy(calls):
     return cupy
 
 
-def test_cupy_hooks_are_wired(sim, monkeypatch):
+class _Recording(Adaptor):
+    """Records (action, ptr, nbytes, stream uid) for every call."""
+
+    def __init__(self, upstream):
+        super().__init__(upstream)
+        self.events = []
+
+    def allocate(self, nbytes, stream, alignment=256):
+        ptr = super().allocate(nbytes, stream, alignment)
+        self.events.append(("allocate", ptr, nbytes, stream.uid))
+        return ptr
+
+    def deallocate(self, ptr, nbytes, stream, alignment=256):
+        self.events.append(("free", ptr, nbytes, stream.uid))
+        super().deallocate(ptr, nbytes, stream, alignment)
+
+
+@pytest.mark.parametrize("function_allocator", [True, False], ids=["PythonFunctionAllocator", "UnownedMemory"])
+def test_cupy_hooks_are_wired(sim, monkeypatch, function_allocator):
     calls = []
-    fake = _fake_cupy(calls)
+    fake = _fake_cupy(calls, function_allocator)
     monkeypatch.setitem(sys.modules, "cupy", fake)
     import mrkit.cupy as mcupy
 
-    mr = StatisticsAdaptor(PoolResource(mrkit.DeviceMemoryResource()))
+    mr = _Recording(StatisticsAdaptor(PoolResource(mrkit.DeviceMemoryResource())))
     fn = mcupy.install(mr)
-    assert calls == [("set_allocator", fn)] and fn.resource is mr
+    assert calls == [("set_allocator", fn)] and mcupy.resource_of(fn) is mr and mcupy.resource_of() is mr
+    assert mcupy.resource_of(print) is None
     mp = fn(1000)
     assert mp.mem.device_id == 0 and mp.mem.size == 1000 and mr.statistics.current_bytes == 1000
-    assert mp.mem.owner.stream is DEFAULT_STREAM  # CuPy's null stream
+    assert mr.events[-1] == ("allocate", mp.ptr, 1000, DEFAULT_STREAM.uid)  # CuPy's null stream
     s = Stream.create()
     fake._current["s"] = fake._Stream(s.handle)
     mp2 = fn(64)
-    assert mp2.mem.owner.stream.uid == s.uid  # allocated on CuPy's current stream
+    mp3 = fn(64)  # the remembered CuPy stream gives the same mrkit stream
+    assert mr.events[-2:] == [("allocate", mp2.ptr, 64, s.uid), ("allocate", mp3.ptr, 64, s.uid)]
+    fake._current["s"] = fake._Stream(0)  # CuPy frees with no stream: each block on its own stream
+    p1, p2 = mp.ptr, mp2.ptr
     del mp, mp2
-    assert mr.statistics.current_bytes == 0  # freed when CuPy drops the memory (on its own stream)
+    assert set(mr.events[-2:]) == {("free", p1, 1000, DEFAULT_STREAM.uid), ("free", p2, 64, s.uid)}
+    del mp3
+    assert mr.statistics.current_bytes == 0
+    if function_allocator:  # a device other than the resource's is refused before anything is taken
+        fake._current["device"] = 1
+        with pytest.raises(ValueError, match="current device is 1"):
+            fn(64)
+        assert mr.statistics.current_bytes == 0
     pinned = mcupy.install_pinned()
     block = pinned(128)
     sim.write(block.ptr, b"x" * 128)
-    assert calls[-1] == ("set_pinned", pinned)
+    assert calls[-1] == ("set_pinned", pinned) and mcupy.resource_of(pinned) is pinned.resource
     with pytest.raises(ValueError, match="not host-accessible"):
         mcupy.pinned_allocator(mrkit.DeviceMemoryResource())
     with pytest.raises(ValueError, match="not device-accessible"):

@@ -2,17 +2,32 @@
 
 CuPy is imported when first needed. Allocation happens on CuPy's current stream; CuPy gives no stream
 when it frees, so each block is freed on the stream it was allocated on, when CuPy drops its last
-reference: the block is owned by a :class:`~mrkit.Buffer` that rides on CuPy's memory object (no free
-callbacks). The device id is passed explicitly so CuPy does not query the pointer on every allocation.
+reference.
+
+The device allocator is built on CuPy's ``PythonFunctionAllocator``: CuPy's own (compiled) memory
+object calls mrkit's ``malloc(size, device_id)`` and, when CuPy drops it, ``free(ptr, device_id)``.
+mrkit remembers each block's size and stream in one dict entry, so the hot path creates no Python
+object besides CuPy's own two (older CuPy without that class: a :class:`~mrkit.Buffer` owned by an
+``UnownedMemory``, with the device id passed explicitly so CuPy never queries the pointer).
 """
 from __future__ import annotations
 
+import atexit
+import weakref
 from contextlib import contextmanager
 
 from .._resource import Buffer, MemoryResource, get_current_resource
 from .._stream import DEFAULT_STREAM, as_stream
 
-__all__ = ["allocator", "pinned_allocator", "install", "install_pinned", "using_allocator"]
+__all__ = ["allocator", "pinned_allocator", "install", "install_pinned", "using_allocator", "resource_of"]
+
+_exiting = False
+
+
+@atexit.register
+def _at_exit() -> None:  # CuPy arrays that die during interpreter teardown are not freed one by one
+    global _exiting
+    _exiting = True
 
 
 def _cupy():
@@ -24,28 +39,104 @@ def _cupy():
     return cupy
 
 
+class _StreamOf:
+    """CuPy's current stream as an mrkit :class:`~mrkit.Stream`, remembering the last one seen (weakly,
+    so a CuPy stream object is never kept alive; identity of a live object cannot be reused)."""
+
+    __slots__ = ("_get", "_last")
+
+    def __init__(self, get_current_stream) -> None:
+        self._get = get_current_stream
+        self._last = (lambda: None, DEFAULT_STREAM)
+
+    def __call__(self) -> "object":
+        cs = self._get()
+        ref, s = self._last  # one tuple: atomic under threads
+        if ref() is cs:
+            return s
+        s = DEFAULT_STREAM if cs.ptr == 0 else as_stream(cs)
+        try:
+            self._last = (weakref.ref(cs), s)
+        except TypeError:  # pragma: no cover - a stream object without weak references
+            pass
+        return s
+
+
 def allocator(mr: MemoryResource | None = None):
     """A function for ``cupy.cuda.set_allocator`` allocating from ``mr`` (default: the current
-    resource of device 0) on CuPy's current stream."""
+    resource of device 0) on CuPy's current stream. ``resource_of(fn)`` gives ``mr`` back.
+
+    The allocator serves the device of ``mr``; allocating while another device is current raises
+    ``ValueError`` (install one allocator per device with ``cupy.cuda.Device(i)`` blocks if needed).
+    """
     cupy = _cupy()
     mr = mr or get_current_resource()
     if not mr.device_accessible:
         raise ValueError(f"{mr!r} is not device-accessible; use pinned_allocator() for host memory")
     device = mr.device_id or 0
-    get_stream = cupy.cuda.get_current_stream
-    Unowned = cupy.cuda.UnownedMemory
-    MemoryPointer = cupy.cuda.MemoryPointer
-    alloc = mr.allocate
+    stream_of = _StreamOf(cupy.cuda.get_current_stream)
+    alloc, dealloc = mr.allocate, mr.deallocate
+    PFA = getattr(cupy.cuda, "PythonFunctionAllocator", None)
+    if PFA is None:  # CuPy without PythonFunctionAllocator: the memory object owns a Buffer
+        Unowned = cupy.cuda.UnownedMemory
+        MemoryPointer = cupy.cuda.MemoryPointer
 
-    def malloc(nbytes: int):
-        cs = get_stream()
-        # as_stream caches per stream object, so a reused handle never aliases an old stream
-        s = DEFAULT_STREAM if cs.ptr == 0 else as_stream(cs)
+        def malloc(nbytes: int):
+            s = stream_of()
+            ptr = alloc(nbytes, s)
+            return MemoryPointer(Unowned(ptr, nbytes, Buffer(ptr, nbytes, mr, s), device), 0)
+
+        malloc.resource = mr
+        return malloc
+
+    live: dict[int, tuple] = {}  # ptr -> (nbytes, stream): each entry written once and popped once
+
+    def _malloc(nbytes: int, device_id: int) -> int:
+        if device_id != device:
+            raise ValueError(f"CuPy's current device is {device_id}, but this allocator serves device "
+                             f"{device} ({mr!r})")
+        s = stream_of()
         ptr = alloc(nbytes, s)
-        return MemoryPointer(Unowned(ptr, nbytes, Buffer(ptr, nbytes, mr, s), device), 0)
+        live[ptr] = (nbytes, s)
+        return ptr
 
-    malloc.resource = mr
-    return malloc
+    def _free(ptr: int, device_id: int) -> None:
+        entry = live.pop(ptr, None)
+        if entry is None:
+            if _exiting:
+                return
+            raise ValueError(f"CuPy freed {ptr:#x}, which this allocator does not hold")
+        try:
+            dealloc(ptr, entry[0], entry[1])
+        except Exception:
+            if not _exiting:
+                raise
+
+    owner = _allocator_class(PFA)(_malloc, _free)
+    owner.resource = mr
+    return owner.malloc  # CuPy calls this bound (compiled) method directly
+
+
+_classes: dict = {}
+
+
+def _allocator_class(PFA):
+    """A Python subclass of CuPy's PythonFunctionAllocator, so the allocator can name its resource."""
+    cls = _classes.get(PFA)
+    if cls is None:
+        cls = _classes[PFA] = type("MrkitCupyAllocator", (PFA,), {"__module__": __name__})
+    return cls
+
+
+def resource_of(fn=None) -> MemoryResource | None:
+    """The mrkit resource behind an allocator made by :func:`allocator` or :func:`pinned_allocator`
+    (default: CuPy's current device allocator), or ``None`` when it is not one of mrkit's."""
+    if fn is None:
+        fn = _cupy().cuda.get_allocator()
+    mr = getattr(fn, "resource", None)
+    if mr is None:
+        mr = getattr(getattr(fn, "__self__", None), "resource", None)
+    return mr if isinstance(mr, MemoryResource) else None
 
 
 class _PinnedBlock:
