@@ -9,10 +9,10 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MRKIT_TEST_
 python3 -m mrkit info > "$OUT/info.txt" 2>&1
 timeout ${TEST_BUDGET:-300} python3 -m pytest -q -p no:cacheprovider --timeout=90 tests/ > "$OUT/pytest.txt" 2>&1
 tail -25 "$OUT/pytest.txt"
-timeout ${BENCH_BUDGET:-200} python3 benchmarks/bench_pool.py --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
-tail -14 "$OUT/bench.txt"
+timeout ${BENCH_BUDGET:-200} python3 benchmarks/bench_pool.py ${BENCH_ARGS:-} --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
+tail -20 "$OUT/bench.txt"
 timeout 60 python3 benchmarks/bench_cupy.py > "$OUT/bench_cupy.txt" 2>&1
 tail -8 "$OUT/bench_cupy.txt"
 timeout ${VMM_BUDGET:-150} python3 benchmarks/bench_vmm.py > "$OUT/bench_vmm.txt" 2>&1
-tail -10 "$OUT/bench_vmm.txt"
+tail -22 "$OUT/bench_vmm.txt"
 timeout 60 python3 -m mrkit demo >> "$OUT/info.txt" 2>&1
