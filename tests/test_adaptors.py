@@ -15,8 +15,14 @@ from mrkit import (
 S = DEFAULT_STREAM
 
 
-def test_statistics_arithmetic_is_exact():
-    mr = StatisticsAdaptor(HostMemoryResource())
+# the adaptor's own methods (host upstream) and its hot path fused into a pool's
+UPSTREAMS = pytest.mark.parametrize("upstream", [HostMemoryResource, lambda: PoolResource(HostMemoryResource())],
+                                    ids=["methods", "fused-into-pool"])
+
+
+@UPSTREAMS
+def test_statistics_arithmetic_is_exact(upstream):
+    mr = StatisticsAdaptor(upstream())
     a = mr.allocate(100, S)
     b = mr.allocate(50, S)
     mr.deallocate(a, 100, S)
@@ -42,9 +48,10 @@ def test_statistics_arithmetic_is_exact():
         mr.pop_counters()
 
 
-def test_statistics_stay_exact_under_eight_threads():
+@UPSTREAMS
+def test_statistics_stay_exact_under_eight_threads(upstream):
     import sys
-    mr = StatisticsAdaptor(HostMemoryResource())
+    mr = StatisticsAdaptor(upstream())
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
 
@@ -65,6 +72,52 @@ def test_statistics_stay_exact_under_eight_threads():
     assert (st.current_bytes, st.current_count, st.total_count) == (0, 0, 8 * 700)
     assert st.total_bytes == 8 * sum(64 + i % 5 for i in range(700))
     assert 64 <= st.peak_bytes <= 8 * 68 and 1 <= st.peak_count <= 8
+
+
+def test_statistics_fold_in_batches_is_exact():
+    """The numpy fold of a large batch gives what the event-by-event fold gives."""
+    import random
+
+    from mrkit.adaptors._statistics import _fold_array, _fold_loop
+    rng = random.Random(3)
+    for trial in range(30):
+        live, batch = [], []
+        for _ in range(rng.randrange(1, 3000)):
+            if live and rng.random() < 0.5:
+                batch.append(-live.pop(rng.randrange(len(live))))
+            else:
+                live.append(rng.randrange(1, 1 << 40))
+                batch.append(live[-1])
+        start = tuple(rng.randrange(-5, 50) for _ in range(6))
+        assert _fold_array(batch, *start) == _fold_loop(batch, *start), trial
+
+
+def test_fused_statistics_count_only_calls_through_the_adaptor():
+    pool = PoolResource(HostMemoryResource())
+    mr = StatisticsAdaptor(pool)
+    assert "allocate" in vars(mr)  # fused into the pool's hot path
+    direct = pool.allocate(1000, S)  # not through the adaptor: not counted
+    p = mr.allocate(512, S)
+    assert mr.statistics == Statistics(512, 512, 512, 1, 1, 1)
+    for _ in range(5000):  # more than a fold's worth of events
+        mr.deallocate(mr.allocate(256, S), 256, S)
+    mr.deallocate(p, 512, S)
+    pool.deallocate(direct, 1000, S)
+    assert mr.statistics == Statistics(0, 768, 512 + 5000 * 256, 0, 2, 5001)
+    with pytest.raises(ValueError):  # a bad free through the fused path is refused and not counted
+        mr.deallocate(p, 512, S)
+    assert mr.statistics.current_bytes == 0
+
+    class Custom(PoolResource):  # an overridden hot path is called, never bypassed
+        calls = 0
+
+        def allocate(self, nbytes, stream, alignment=256):
+            Custom.calls += 1
+            return super().allocate(nbytes, stream, alignment)
+    mr2 = StatisticsAdaptor(Custom(HostMemoryResource()))
+    assert "allocate" not in vars(mr2)
+    mr2.deallocate(mr2.allocate(64, S), 64, S)
+    assert Custom.calls == 1 and mr2.statistics.total_bytes == 64
 
 
 def test_measure_context_and_fields_are_documented():

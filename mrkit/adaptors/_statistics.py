@@ -5,6 +5,8 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
+
 from .._resource import MemoryResource
 from ._base import Adaptor
 
@@ -31,6 +33,34 @@ class Statistics:
     """Allocations made in this frame, frees not subtracted."""
 
 
+def _fold_loop(batch, b, peak_b, tot_b, k, peak_k, tot_k):
+    """Apply signed byte events in order (``+n`` allocated, ``-n`` freed) to one frame's counters."""
+    for d in batch:
+        b += d
+        if d > 0:
+            tot_b += d
+            k += 1
+            tot_k += 1
+            if b > peak_b:
+                peak_b = b
+            if k > peak_k:
+                peak_k = k
+        else:
+            k -= 1
+    return b, peak_b, tot_b, k, peak_k, tot_k
+
+
+def _fold_array(batch, b, peak_b, tot_b, k, peak_k, tot_k):
+    """:func:`_fold_loop` with numpy (exact: int64 running sums; the same result, fewer Python steps)."""
+    a = np.array(batch, dtype=np.int64)
+    run = np.cumsum(a)
+    pos = a > 0
+    steps = np.where(pos, 1, -1).cumsum()
+    n_pos = int(np.count_nonzero(pos))
+    return (b + int(run[-1]), max(peak_b, b + int(run.max())), tot_b + int(a[pos].sum()),
+            k + int(steps[-1]), max(peak_k, k + int(steps.max())), tot_k + n_pos)
+
+
 class _Measurement:
     __slots__ = ("result",)
 
@@ -49,25 +79,31 @@ class StatisticsAdaptor(Adaptor):
 
     Threads: each allocation or free is recorded by one atomic append to an event list (``+n`` or
     ``-n``); the counters are brought up to date from that list, in append order, under a lock —
-    whenever they are read, a frame is pushed or popped, or 512 events are pending. The append order is
+    whenever they are read, a frame is pushed or popped, or more than 4096 events are pending (folded with numpy in batches). The append order is
     the order the statistics describe, so peaks and totals are exact.
+
+    Over a :class:`~mrkit.PoolResource` (or a subclass that keeps its hot path) the adaptor's
+    ``allocate``/``deallocate`` are the pool's own hot path with the append fused in, so counting adds
+    no Python call of its own; only calls made through the adaptor are counted, as always.
     """
 
-    __slots__ = ("_lock", "_stack", "_events")
+    __slots__ = ("_lock", "_stack", "_events", "__dict__")
 
     def __init__(self, upstream: MemoryResource) -> None:
         super().__init__(upstream)
         self._lock = threading.Lock()
         self._stack = [[0, 0, 0, 0, 0, 0]]  # cur_b, peak_b, tot_b, cur_n, peak_n, tot_n
-        self._events: list[int] = []
+        self._events: list[int] = []  # signed byte events (a list appends fastest)
+        if type(self) is StatisticsAdaptor:  # subclasses keep their own methods
+            from ..suballoc._pool import fused_paths
+            fused = fused_paths(upstream, self._events, self._fold)
+            if fused is not None:
+                self.allocate, self.deallocate = fused  # instance attributes win over the methods
 
     def allocate(self, nbytes, stream, alignment=256):
         ptr = self._up_alloc(nbytes, stream, alignment)
         if ptr:
-            events = self._events
-            events.append(nbytes)
-            if len(events) > 512:
-                self._fold()
+            self._events.append(nbytes)  # the pending-events check is on frees (bounded by live blocks)
         return ptr
 
     def deallocate(self, ptr, nbytes, stream, alignment=256):
@@ -75,7 +111,7 @@ class StatisticsAdaptor(Adaptor):
         if ptr:
             events = self._events
             events.append(-nbytes)
-            if len(events) > 512:
+            if len(events) > 4096:
                 self._fold()
 
     def _fold(self) -> None:
@@ -90,20 +126,10 @@ class StatisticsAdaptor(Adaptor):
         batch = events[:n]
         del events[:n]  # appends made meanwhile stay for the next fold
         c = self._stack[-1]
-        b, peak_b, tot_b, k, peak_k, tot_k = c
-        for d in batch:
-            b += d
-            if d > 0:
-                tot_b += d
-                k += 1
-                tot_k += 1
-                if b > peak_b:
-                    peak_b = b
-                if k > peak_k:
-                    peak_k = k
-            else:
-                k -= 1
-        c[:] = (b, peak_b, tot_b, k, peak_k, tot_k)
+        if n < 64:
+            c[:] = _fold_loop(batch, *c)
+        else:
+            c[:] = _fold_array(batch, *c)
 
     # -- reading and the stack ----------------------------------------------------------
     @property

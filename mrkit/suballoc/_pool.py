@@ -117,6 +117,84 @@ class _OneState(dict):
         return dict.get(self, 0, default)
 
 
+def _hot_paths(pool: "PoolResource", events: list | None = None, on_full=None):
+    """The pool's ``allocate`` and ``deallocate`` as two closures (free variables are faster than
+    attribute look-ups on ``self``). With ``events``, each successful call also appends ``+nbytes`` or
+    ``-nbytes`` to it, and ``on_full()`` runs when more than 4096 are pending: that is how
+    :class:`~mrkit.StatisticsAdaptor` counts over a pool without a Python frame of its own.
+
+    Cache hits take no lock: a list pop, a list append and dict stores are each atomic, every block
+    is popped by exactly one thread, and anything that restructures the caches holds the lock and
+    drains lists with atomic pops (see _StreamState.flush)."""
+    live, lock = pool._live, pool._lock
+
+    def allocate(nbytes, stream, alignment=256):
+        if type(stream) is not Stream:
+            stream = pool._as_stream(stream)
+        if type(nbytes) is not int or nbytes <= 0 or alignment != 256:
+            ptr = pool._allocate_slow(nbytes, stream, alignment)
+            if events is not None and ptr:
+                events.append(nbytes)
+            return ptr
+        size = (nbytes + 255) & -256
+        st = pool._states.get(stream.uid)
+        if st is not None:
+            lst = st.cache.get(size)
+            if lst:
+                try:
+                    ptr = lst.pop()
+                except IndexError:
+                    pass
+                else:
+                    live[ptr] = nbytes
+                    if events is not None:
+                        events.append(nbytes)
+                    return ptr
+        with lock:
+            ptr = pool._take(size, stream, st)
+            live[ptr] = nbytes
+        if events is not None:
+            events.append(nbytes)
+        return ptr
+
+    def deallocate(ptr, nbytes, stream, alignment=256):
+        if type(stream) is not Stream:
+            stream = pool._as_stream(stream)
+        n = live.pop(ptr, None)
+        if n != nbytes or alignment > 256:
+            if n is not None:
+                live[ptr] = n
+            with lock:
+                pool._deallocate_slow(ptr, nbytes, stream, alignment)
+            if events is not None and ptr:
+                events.append(-nbytes)
+                if len(events) > 4096:
+                    on_full()
+            return
+        if events is not None:
+            events.append(-nbytes)
+            if len(events) > 4096:  # checked on frees only: pending events stay within 4096 + live blocks
+                on_full()
+        size = (nbytes + 255) & -256
+        st = pool._states.get(stream.uid)
+        if st is not None:
+            cache = st.cache
+            lst = cache.get(size)
+            if lst is not None:
+                lst.append(ptr)
+                # Every path that detaches a cache (a flush, a hand-over, retiring a stream's state)
+                # swaps st.cache first, so this one test tells whether the append landed in a live list.
+                if st.cache is cache:
+                    return
+                with lock:  # a flush or hand-over replaced the list meanwhile: rescue it
+                    pool._rescue(lst, size, stream)
+                return
+        with lock:
+            pool._cache_block(ptr, size, stream)
+
+    return allocate, deallocate
+
+
 class PoolResource(MemoryResource):
     """A stream-ordered coalescing pool over any upstream resource (device pool, VMM, managed,
     pinned, cuMemAlloc, host, or any composition).
@@ -150,9 +228,10 @@ class PoolResource(MemoryResource):
     twice and nothing is lost.
     """
 
+    # allocate/deallocate are per-instance closures (see _hot_paths), set in __init__
     __slots__ = ("upstream", "driver", "device_id", "maximum_size", "growth_factor", "min_chunk",
                  "_lock", "_live", "_aligned", "_states", "_chunks", "_boundaries", "_held",
-                 "_event", "_ordered")
+                 "_event", "_ordered", "allocate", "deallocate")
 
     def __init__(self, upstream: MemoryResource, initial_size: int | str = 0,
                  maximum_size: int | str | None = None, *, growth_factor: float = 0.0,
@@ -183,6 +262,9 @@ class PoolResource(MemoryResource):
         self._ordered = upstream.device_accessible
         if not self._ordered:
             self._states = _OneState()
+        a, d = _hot_paths(self)
+        _ALLOCATE.__set__(self, a)  # into the slots even when a subclass overrides the methods
+        _DEALLOCATE.__set__(self, d)  # (its override wins; super().allocate reaches these)
         if initial:
             with self._lock:
                 st = self._state(DEFAULT_STREAM)
@@ -219,59 +301,6 @@ class PoolResource(MemoryResource):
         """Bytes held from the upstream and free in some stream's lists."""
         with self._lock:
             return sum(st.bytes() for st in self._states.values())
-
-    # -- the hot path ------------------------------------------------------------------------
-    # Cache hits take no lock: a list pop, a list append and dict stores are each atomic, every
-    # block is popped by exactly one thread, and anything that restructures the caches holds the
-    # lock and drains lists with atomic pops (see _StreamState.flush).
-    def allocate(self, nbytes, stream, alignment=256):
-        if type(stream) is not Stream:
-            stream = self._as_stream(stream)
-        if type(nbytes) is not int or nbytes <= 0 or alignment != 256:
-            return self._allocate_slow(nbytes, stream, alignment)
-        size = (nbytes + 255) & -256
-        st = self._states.get(stream.uid)
-        if st is not None:
-            lst = st.cache.get(size)
-            if lst:
-                try:
-                    ptr = lst.pop()
-                except IndexError:
-                    pass
-                else:
-                    self._live[ptr] = nbytes
-                    return ptr
-        with self._lock:
-            ptr = self._take(size, stream, st)
-            self._live[ptr] = nbytes
-            return ptr
-
-    def deallocate(self, ptr, nbytes, stream, alignment=256):
-        if type(stream) is not Stream:
-            stream = self._as_stream(stream)
-        live = self._live
-        n = live.pop(ptr, None)
-        if n != nbytes or alignment > 256:
-            if n is not None:
-                live[ptr] = n
-            with self._lock:
-                return self._deallocate_slow(ptr, nbytes, stream, alignment)
-        size = (nbytes + 255) & -256
-        st = self._states.get(stream.uid)
-        if st is not None:
-            cache = st.cache
-            lst = cache.get(size)
-            if lst is not None:
-                lst.append(ptr)
-                # Every path that detaches a cache (a flush, a hand-over, retiring a stream's state)
-                # swaps st.cache first, so this one test tells whether the append landed in a live list.
-                if st.cache is cache:
-                    return
-                with self._lock:  # a flush or hand-over replaced the list meanwhile: rescue it
-                    self._rescue(lst, size, stream)
-                return
-        with self._lock:
-            self._cache_block(ptr, size, stream)
 
     # -- slow paths -------------------------------------------------------------------------
     def _as_stream(self, stream) -> Stream:
@@ -536,3 +565,16 @@ class PoolResource(MemoryResource):
     def _describe(self) -> str:
         lim = "" if self.maximum_size is None else f", maximum_size={self.maximum_size}"
         return f"{self.upstream!r}{lim}"
+
+
+_ALLOCATE = PoolResource.__dict__["allocate"]
+_DEALLOCATE = PoolResource.__dict__["deallocate"]
+
+
+def fused_paths(upstream, events: list, on_full):
+    """``(allocate, deallocate)`` of ``upstream`` recording into ``events`` (see :func:`_hot_paths`),
+    or ``None`` when ``upstream`` is not a pool whose hot path is the stock one."""
+    cls = type(upstream)
+    if getattr(cls, "allocate", None) is _ALLOCATE and getattr(cls, "deallocate", None) is _DEALLOCATE:
+        return _hot_paths(upstream, events, on_full)
+    return None
