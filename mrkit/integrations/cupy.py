@@ -39,27 +39,21 @@ def _cupy():
     return cupy
 
 
-class _StreamOf:
-    """CuPy's current stream as an mrkit :class:`~mrkit.Stream`, remembering the last one seen (weakly,
-    so a CuPy stream object is never kept alive; identity of a live object cannot be reused)."""
+def _stream_lookup():
+    """``(cell, lookup)``: ``cell[0]`` is ``(weakref to the last CuPy stream seen, its mrkit Stream)``
+    (one tuple, so threads always read a matching pair; weak, so no CuPy stream is kept alive, and an
+    identity test against a live object cannot be fooled by address reuse); ``lookup(cs)`` converts
+    and remembers."""
+    cell = [(lambda: None, DEFAULT_STREAM)]
 
-    __slots__ = ("_get", "_last")
-
-    def __init__(self, get_current_stream) -> None:
-        self._get = get_current_stream
-        self._last = (lambda: None, DEFAULT_STREAM)
-
-    def __call__(self) -> "object":
-        cs = self._get()
-        ref, s = self._last  # one tuple: atomic under threads
-        if ref() is cs:
-            return s
+    def lookup(cs):
         s = DEFAULT_STREAM if cs.ptr == 0 else as_stream(cs)
         try:
-            self._last = (weakref.ref(cs), s)
+            cell[0] = (weakref.ref(cs), s)
         except TypeError:  # pragma: no cover - a stream object without weak references
             pass
         return s
+    return cell, lookup
 
 
 def allocator(mr: MemoryResource | None = None):
@@ -74,7 +68,8 @@ def allocator(mr: MemoryResource | None = None):
     if not mr.device_accessible:
         raise ValueError(f"{mr!r} is not device-accessible; use pinned_allocator() for host memory")
     device = mr.device_id or 0
-    stream_of = _StreamOf(cupy.cuda.get_current_stream)
+    get_stream = cupy.cuda.get_current_stream
+    cell, lookup = _stream_lookup()
     alloc, dealloc = mr.allocate, mr.deallocate
     PFA = getattr(cupy.cuda, "PythonFunctionAllocator", None)
     if PFA is None:  # CuPy without PythonFunctionAllocator: the memory object owns a Buffer
@@ -82,7 +77,10 @@ def allocator(mr: MemoryResource | None = None):
         MemoryPointer = cupy.cuda.MemoryPointer
 
         def malloc(nbytes: int):
-            s = stream_of()
+            cs = get_stream()
+            ref, s = cell[0]
+            if ref() is not cs:
+                s = lookup(cs)
             ptr = alloc(nbytes, s)
             return MemoryPointer(Unowned(ptr, nbytes, Buffer(ptr, nbytes, mr, s), device), 0)
 
@@ -95,7 +93,10 @@ def allocator(mr: MemoryResource | None = None):
         if device_id != device:
             raise ValueError(f"CuPy's current device is {device_id}, but this allocator serves device "
                              f"{device} ({mr!r})")
-        s = stream_of()
+        cs = get_stream()
+        ref, s = cell[0]  # the stream lookup, inlined: this runs on every cupy allocation
+        if ref() is not cs:
+            s = lookup(cs)
         ptr = alloc(nbytes, s)
         live[ptr] = (nbytes, s)
         return ptr
