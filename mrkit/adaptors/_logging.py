@@ -47,26 +47,28 @@ class LoggingAdaptor(Adaptor):
         self._time = time.time
         self._header_written = False
 
-    def _log(self, action: str, ptr: int, nbytes: int, stream) -> None:
-        # One atomic list append per event: formatting waits for flush(), off the hot path.
-        buf = self._buf
-        buf.append((self._tid(), self._time(), action, ptr, nbytes,
-                    stream.handle if type(stream) is Stream else _handle_of(stream)))
-        if len(buf) >= self._limit:
-            self.flush()
-
+    # Recording is inlined in both methods — one tuple, one atomic list append per event (the stream's
+    # handle resolved now, so the buffer holds only numbers and strings); formatting waits for flush().
     def allocate(self, nbytes, stream, alignment=256):
+        h = stream.handle if type(stream) is Stream else _handle_of(stream)
         try:
             ptr = self._up_alloc(nbytes, stream, alignment)
         except OutOfMemoryError:
-            self._log("allocate failure", 0, nbytes, stream)
+            self._buf.append((self._tid(), self._time(), "allocate failure", 0, nbytes, h))
             raise
-        self._log("allocate", ptr, nbytes, stream)
+        buf = self._buf
+        buf.append((self._tid(), self._time(), "allocate", ptr, nbytes, h))
+        if len(buf) >= self._limit:
+            self.flush()
         return ptr
 
     def deallocate(self, ptr, nbytes, stream, alignment=256):
         self._up_free(ptr, nbytes, stream, alignment)
-        self._log("free", ptr, nbytes, stream)
+        buf = self._buf
+        buf.append((self._tid(), self._time(), "free", ptr, nbytes,
+                    stream.handle if type(stream) is Stream else _handle_of(stream)))
+        if len(buf) >= self._limit:
+            self.flush()
 
     def _write(self) -> None:
         """Format and write the buffered events (lock held). Events appended meanwhile stay queued."""
