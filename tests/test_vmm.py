@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mrkit import DEFAULT_STREAM, OutOfMemoryError, Stream, StreamOrderViolation, VirtualMemoryResource, VirtualMemoryResourceOptions
 from mrkit.driver import SimDeviceSpec, SimDriver
@@ -162,3 +164,39 @@ def test_releasing_before_the_event_completes_would_be_caught():
     with pytest.raises(StreamOrderViolation) as v:
         drv.run_all()
     assert v.value.kind == "unmapped"
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 60), st.integers(1, 12)), max_size=60))
+@settings(max_examples=200, deadline=None)
+def test_coverage_matches_a_set_of_pages(ops):
+    """The coalesced page ranges answer like a plain set of mapped pages."""
+    from mrkit.resources._vmm import _Coverage
+    cov, pages = _Coverage(), set()
+    for add, a, n in ops:
+        b = a + n
+        if add and not pages & set(range(a, b)):
+            cov.add(a, b)
+            pages |= set(range(a, b))
+        elif not add and set(range(a, b)) <= pages:
+            cov.remove(a, b)
+            pages -= set(range(a, b))
+        missing = [p for p in range(0, 80) if p not in pages]
+        assert [p for lo, hi in cov.gaps(0, 80) for p in range(lo, hi)] == missing
+        assert all(cov.end[s] > s for s in cov.starts) and cov.starts == sorted(cov.end)
+        # coalesced: no two ranges touch
+        assert all(cov.end[x] < y for x, y in zip(cov.starts, cov.starts[1:]))
+
+
+def test_growth_reuses_a_free_tail_instead_of_carving_past_it():
+    """When the free memory at the top is too small, only the missing part is carved and mapped."""
+    d = SimDriver(devices=[SimDeviceSpec(total_memory=1 << 30)], policy="eager")
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size="256 MiB"), driver=d)
+    s = DEFAULT_STREAM
+    a = mr.allocate(8 << 20, s)
+    b = mr.allocate(6 << 20, s)
+    mr.deallocate(b, 6 << 20, s)  # 6 MiB free (and mapped) at the top
+    c = mr.allocate(10 << 20, s)  # reuses it and adds 4 MiB
+    assert c == b and mr.mapped_bytes == 18 << 20 and mr.pool_size == 18 << 20
+    mr.deallocate(a, 8 << 20, s)
+    mr.deallocate(c, 10 << 20, s)
+    mr.close()

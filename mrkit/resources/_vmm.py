@@ -2,7 +2,7 @@
 given back when free."""
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_right, insort
 from dataclasses import dataclass
 
 from .._errors import OutOfMemoryError
@@ -47,6 +47,64 @@ class VirtualMemoryResourceOptions:
         object.__setattr__(self, "peers", tuple(self.peers))
 
 
+class _Coverage:
+    """The mapped pages as coalesced ranges of page indices: sorted starts and start -> end
+    (exclusive). Answers "which pages of [lo, hi) are missing" in O(log n + gaps), whatever the size."""
+
+    __slots__ = ("starts", "end")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.end: dict[int, int] = {}
+
+    def gaps(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        starts, end = self.starts, self.end
+        i = bisect_right(starts, lo) - 1
+        cur = lo
+        if i >= 0 and end[starts[i]] > cur:
+            cur = end[starts[i]]
+        i += 1
+        out = []
+        while cur < hi:
+            if i < len(starts) and starts[i] < hi:
+                a = starts[i]
+                if a > cur:
+                    out.append((cur, a))
+                cur = max(cur, end[a])
+                i += 1
+            else:
+                out.append((cur, hi))
+                break
+        return out
+
+    def add(self, a: int, b: int) -> None:
+        """Pages [a, b), none of them mapped before."""
+        starts, end = self.starts, self.end
+        i = bisect_right(starts, a) - 1
+        if i >= 0 and end[starts[i]] == a:  # extends its left neighbour
+            a = starts.pop(i)
+            del end[a]
+        nb = end.pop(b, None)
+        if nb is not None:  # and its right neighbour
+            del starts[bisect_right(starts, b) - 1]
+            b = nb
+        insort(starts, a)
+        end[a] = b
+
+    def remove(self, a: int, b: int) -> None:
+        """Pages [a, b), all mapped (inside one coalesced range)."""
+        starts, end = self.starts, self.end
+        i = bisect_right(starts, a) - 1
+        s = starts.pop(i)
+        e = end.pop(s)
+        if s < a:
+            insort(starts, s)
+            end[s] = a
+        if b < e:
+            insort(starts, b)
+            end[b] = e
+
+
 class VirtualMemoryResource(PoolResource):
     """Device memory on the CUDA virtual memory management API.
 
@@ -70,8 +128,8 @@ class VirtualMemoryResource(PoolResource):
     and released, the block returns to the free list, and the pool first trims itself and retries.
     """
 
-    __slots__ = ("options", "page", "base", "reserve_size", "_top", "_maps", "_owner", "_mapped",
-                 "_mapped_high", "_peers", "_run_pages", "_pending")
+    __slots__ = ("options", "page", "base", "reserve_size", "_top", "_maps", "_cov", "_mapped",
+                 "_mapped_high", "_peers", "_run_pages", "_pending", "_pending_bytes")
 
     def __init__(self, device: int = 0, options: VirtualMemoryResourceOptions | None = None, *,
                  driver: Driver | None = None) -> None:
@@ -96,11 +154,12 @@ class VirtualMemoryResource(PoolResource):
         self._top = self.base
         self._boundaries.add(self.base)
         self._maps: dict[int, tuple[int, int]] = {}  # first page of a run -> (pages, handle)
-        self._owner: dict[int, int] = {}  # page index -> first page of the run mapping it
+        self._cov = _Coverage()  # which pages are mapped, coalesced
         self._mapped = 0
         self._mapped_high = 0
         self._run_pages = max(1, opts.max_mapping // page)
         self._pending: list = []  # (event, stream, runs) set aside by a non-blocking release
+        self._pending_bytes = 0  # mapped bytes in those runs
 
     # -- properties ---------------------------------------------------------------------------
     device_accessible = True
@@ -126,6 +185,14 @@ class VirtualMemoryResource(PoolResource):
 
     # -- growth: carve more of the reservation (virtual only) ------------------------------
     def _grow(self, size: int, stream: Stream, exact: bool = False) -> int:
+        # When the requesting stream's free memory ends at the top of the carved range, carve only
+        # what it lacks: the caller coalesces the two, so no unmapped free block is left above the
+        # allocation (where later requests would map fresh pages instead of reusing mapped ones).
+        st = self._states.get(stream.uid)
+        if st is not None and not exact:
+            tail = st.free.end.get(self._top)
+            if tail is not None:
+                size -= st.free.start[tail]
         want = -(-size // self.page) * self.page
         if self._top + want > self.base + self.reserve_size:
             raise OutOfMemoryError(
@@ -141,7 +208,21 @@ class VirtualMemoryResource(PoolResource):
         return 0  # the virtual range is kept; physical pages go back through trim()
 
     # -- mapping --------------------------------------------------------------------------------
+    def _fit(self, st, size):
+        # Cached blocks coalesce first (so the choice never depends on what happened to be cached),
+        # then best fit, keeping the "wilderness" — the free block at the top of the carved range —
+        # for when no other block fits: holes are reused first and the top stays one piece. A workload
+        # that runs again (a training step) then lands where it did before and maps nothing new.
+        if st.cache:
+            st.flush(self._boundaries)
+        return st.free.take(size, st.free.end.get(self._top))
+
     def _take(self, size, stream, st):
+        if not self._live and not self._aligned:
+            # nothing is live: coalesce every stream's cached blocks first, so that a workload that
+            # starts again from empty starts from the same layout (one free range per stream)
+            for other in self._states.values():
+                other.flush(self._boundaries)
         ptr = super()._take(size, stream, st)
         try:
             self._ensure_mapped(ptr, size)
@@ -160,11 +241,13 @@ class VirtualMemoryResource(PoolResource):
         opts = self.options
         if opts.release_threshold is not None or opts.release_fraction is not None:
             live = self._live_total()
-            free = self._mapped - live - size
+            free = self._mapped - self._pending_bytes - live - size  # free mapped, not yet set aside
             limit = min(opts.release_threshold if opts.release_threshold is not None else free,
                         int(opts.release_fraction * live) if opts.release_fraction is not None else free)
             if free > limit:
-                self._release_async()
+                # release down to half the limit (hysteresis: the next few frees do not trigger again),
+                # from the top of the range down, so the mapped memory stays packed at the bottom
+                self._release_async(free - limit // 2)
         return ptr
 
     def _ensure_mapped(self, ptr: int, size: int) -> None:
@@ -173,17 +256,14 @@ class VirtualMemoryResource(PoolResource):
         drv, dev, page, base = self.driver, self.device_id, self.page, self.base
         first = (ptr - base) // page
         last = (ptr + size - 1 - base) // page
-        owner = self._owner
-        runs, i = [], first
-        while i <= last:
-            if i in owner:
-                i += 1
-                continue
-            j = i
-            while j + 1 <= last and j + 1 - i < self._run_pages and (j + 1) not in owner:
-                j += 1
-            runs.append((i, j - i + 1))
-            i = j + 1
+        runs = []  # the missing pages, cut into runs of at most max_mapping
+        for a, b in self._cov.gaps(first, last + 1):
+            while a < b:
+                n = min(b - a, self._run_pages)
+                runs.append((a, n))
+                a += n
+        if not runs:
+            return
         done: list[tuple[int, int, int]] = []
         try:
             for start, n in runs:
@@ -209,8 +289,7 @@ class VirtualMemoryResource(PoolResource):
             raise
         for start, n, h in done:
             self._maps[start] = (n, h)
-            for k in range(start, start + n):
-                owner[k] = start
+            self._cov.add(start, start + n)
             self._mapped += n * page
         if self._mapped > self._mapped_high:
             self._mapped_high = self._mapped
@@ -243,8 +322,7 @@ class VirtualMemoryResource(PoolResource):
         drv.mem_unmap(lo, n * page)
         drv.mem_release(h)
         del self._maps[first]
-        for p in range(first, first + n):
-            del self._owner[p]
+        self._cov.remove(first, first + n)
         self._mapped -= n * page
         return n * page
 
@@ -258,18 +336,32 @@ class VirtualMemoryResource(PoolResource):
             released += self._unmap(first, n, h)
         return released
 
-    def _release_async(self) -> int:
-        """Set aside the free mappings of every stream behind one event each; release those whose
-        events completed. Never blocks (streams mrkit cannot prove alive are left for trim())."""
+    def _release_async(self, excess: int | None = None) -> int:
+        """Set aside free mappings behind one event per stream and release those whose events
+        completed; never blocks (streams mrkit cannot prove alive are left for trim()). With
+        ``excess``, only enough mappings to cover it, highest addresses first; else all of them."""
         released = self._drain_pending(wait=False)
         drv = self.driver
+        candidates = []  # (lo, state, run)
         for st in list(self._states.values()):
             st.flush(self._boundaries)
             if not st.free.sizes or self._alive(st.stream) is not True:
                 continue
-            runs = list(self._runs_in(st.free))
-            if not runs:
-                continue
+            for run in self._runs_in(st.free):
+                candidates.append((run[3], st, run))
+        if excess is not None:
+            candidates.sort(key=lambda c: c[0], reverse=True)
+            chosen, total = [], 0
+            for c in candidates:
+                if total >= excess:
+                    break
+                chosen.append(c)
+                total += c[2][4] - c[2][3]
+            candidates = chosen
+        by_state: dict[int, tuple] = {}
+        for _, st, run in candidates:
+            by_state.setdefault(id(st), (st, []))[1].append(run)
+        for st, runs in by_state.values():
             by_block: dict[int, list] = {}
             for first, n, h, lo, hi, block in runs:
                 by_block.setdefault(block, []).append((lo, hi))
@@ -288,6 +380,7 @@ class VirtualMemoryResource(PoolResource):
             ev = drv.event_create(self.device_id)
             drv.event_record(ev, st.stream.handle)
             self._pending.append((ev, st.stream, [r[:5] for r in runs]))
+            self._pending_bytes += sum(r[4] - r[3] for r in runs)
         return released + self._drain_pending(wait=False)
 
     def _drain_pending(self, wait: bool) -> int:
@@ -304,6 +397,7 @@ class VirtualMemoryResource(PoolResource):
             st = self._state(stream)
             for first, n, h, lo, hi in runs:
                 released += self._unmap(first, n, h)
+                self._pending_bytes -= hi - lo
                 st.free.insert(lo, hi - lo, self._boundaries)
         self._pending = keep
         return released

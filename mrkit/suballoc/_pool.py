@@ -52,12 +52,15 @@ class _FreeList:
                 ptr, size = prev, size + psize
         self._add(ptr, size)
 
-    def take(self, size: int) -> int | None:
+    def take(self, size: int, spare: int | None = None) -> int | None:
+        """Best fit; the block at ``spare`` only when nothing else fits."""
         sizes = self.sizes
         i = bisect_left(sizes, (size, 0))
         if i == len(sizes):
             return None
         bsize, ptr = sizes[i]
+        if ptr == spare and i + 1 < len(sizes):
+            bsize, ptr = sizes[i + 1]
         self._remove(ptr, bsize)
         if bsize > size:
             self._add(ptr + size, bsize - size)
@@ -363,20 +366,24 @@ class PoolResource(MemoryResource):
             st = self._states[uid] = _StreamState(stream)
         return st
 
+    def _fit(self, st: _StreamState, size: int) -> int | None:
+        """Take ``size`` bytes from ``st``'s free list (best fit), or None."""
+        return st.free.take(size)
+
     def _take(self, size: int, stream: Stream, st: _StreamState | None) -> int:
         """Find ``size`` bytes for ``stream`` (lock held)."""
         if st is None:
             st = self._state(stream)
-        ptr = st.free.take(size)
+        ptr = self._fit(st, size)
         if ptr is not None:
             return ptr
         if st.cache:
             st.flush(self._boundaries)
-            ptr = st.free.take(size)
+            ptr = self._fit(st, size)
             if ptr is not None:
                 return ptr
         if self._ordered and self._steal(size, st):
-            ptr = st.free.take(size)
+            ptr = self._fit(st, size)
             if ptr is not None:
                 return ptr
         try:
