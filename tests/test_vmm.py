@@ -200,3 +200,45 @@ def test_growth_reuses_a_free_tail_instead_of_carving_past_it():
     mr.deallocate(a, 8 << 20, s)
     mr.deallocate(c, 10 << 20, s)
     mr.close()
+
+
+def test_a_repeated_workload_maps_nothing_new():
+    """Wilderness-preserving best fit, cached blocks coalesced first: the second run of the same
+    allocation sequence lands where the first did, so it maps no page and the footprint stays."""
+    import random
+    d = SimDriver(devices=[SimDeviceSpec(total_memory=8 << 30)], policy="eager")
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size="32 GiB"), driver=d)
+    creates = []
+    real_create = d.mem_create
+    d.mem_create = lambda *a, **k: creates.append(a) or real_create(*a, **k)
+    rng = random.Random(5)
+    steps, live, cur = [], [], 0
+    for i in range(300):
+        n = rng.randint(1, 96 << 20)
+        if (rng.random() < 0.5 or not live) and cur + n <= (2 << 30):
+            steps.append(("a", n, i))
+            live.append((i, n))
+            cur += n
+        elif live:
+            k, n = live.pop(rng.randrange(len(live)))
+            steps.append(("f", n, k))
+            cur -= n
+    s = DEFAULT_STREAM
+    highs, counts, layouts = [], [], []
+    for _ in range(2):
+        creates.clear()
+        handles, layout = {}, []
+        for kind, n, k in steps:
+            if kind == "a":
+                handles[k] = mr.allocate(n, s)
+                layout.append(handles[k])
+            else:
+                mr.deallocate(handles.pop(k), n, s)
+        for k, p in handles.items():
+            mr.deallocate(p, next(n for kind, n, kk in steps if kk == k and kind == "a"), s)
+        highs.append(mr.mapped_high)
+        counts.append(len(creates))
+        layouts.append(layout)
+    assert counts[0] > 0 and counts[1] == 0
+    assert layouts[0] == layouts[1] and highs[0] == highs[1]
+    mr.close()
