@@ -33,34 +33,38 @@ def _timeit(fn, repeat=3):
     return best * 1e6
 
 
-# -- allocator adapters: each returns (alloc(n, si) -> handle, free(handle, si), footprint(), sync()) ----------
+# -- allocator adapters: each returns (alloc(n, si) -> handle, free(handle, si, owner), footprint(),
+#    pair_loop(n, count), batch_loop(sizes, order)) -------------------------------------------------------
+def _explicit_stream_peer(a, f, args, streams, footprint):
+    """An allocator whose calls take the stream (mrkit, RMM): ``args[i]`` is its form of ``streams[i]``."""
+    def alloc(n, si):
+        return (a(n, args[si]), n)
+
+    def free(h, si, owner=None):
+        if owner is not None and owner != si:
+            streams[si].wait(streams[owner])
+        f(h[0], h[1], args[si])
+
+    def pair_loop(n, count, s=args[0]):
+        for _ in range(count):
+            f(a(n, s), n, s)
+
+    def batch_loop(sizes, order, s=args[0]):
+        ptrs = [a(n, s) for n in sizes]
+        for i in order:
+            f(ptrs[i], sizes[i], s)
+    return alloc, free, footprint, pair_loop, batch_loop
+
+
 def mrkit_peer(kind, streams):
     base = DeviceMemoryResource(0)
     pool = PoolResource(base)
     mr = {"pool": pool, "stats": StatisticsAdaptor(pool), "log": LoggingAdaptor(pool, io.StringIO()),
           "driver-pool": base}[kind]
-    a, f = mr.allocate, mr.deallocate
-
-    def alloc(n, si):
-        return (a(n, streams[si]), n)
-
-    def free(h, si, owner=None):
-        if owner is not None and owner != si:
-            streams[si].wait(streams[owner])
-        f(h[0], h[1], streams[si])
 
     def footprint():
         return pool.pool_size if kind != "driver-pool" else base.pool.reserved_mem_high
-
-    def pair_loop(n, count, s=streams[0]):
-        for _ in range(count):
-            f(a(n, s), n, s)
-
-    def batch_loop(sizes, order, s=streams[0]):
-        ptrs = [a(n, s) for n in sizes]
-        for i in order:
-            f(ptrs[i], sizes[i], s)
-    return alloc, free, footprint, pair_loop, batch_loop
+    return _explicit_stream_peer(mr.allocate, mr.deallocate, streams, streams, footprint)
 
 
 def cupy_peer(kind, streams):
@@ -134,28 +138,10 @@ def rmm_peer(kind, streams):
     else:
         mr = rmm.mr.CudaAsyncMemoryResource()
     rs = [RmmStream(s) for s in streams]  # mrkit streams speak __cuda_stream__
-    a, f = mr.allocate, mr.deallocate
-
-    def alloc(n, si):
-        return (a(n, rs[si]), n)
-
-    def free(h, si, owner=None):
-        if owner is not None and owner != si:
-            streams[si].wait(streams[owner])
-        f(h[0], h[1], rs[si])
 
     def footprint():
         return mr.pool_size() if kind == "pool" else float("nan")
-
-    def pair_loop(n, count, s=rs[0]):
-        for _ in range(count):
-            f(a(n, s), n, s)
-
-    def batch_loop(sizes, order, s=rs[0]):
-        ptrs = [a(n, s) for n in sizes]
-        for i in order:
-            f(ptrs[i], sizes[i], s)
-    return alloc, free, footprint, pair_loop, batch_loop
+    return _explicit_stream_peer(mr.allocate, mr.deallocate, rs, streams, footprint)
 
 
 # -- workloads ---------------------------------------------------------------------------------------------------
