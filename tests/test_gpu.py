@@ -237,3 +237,18 @@ def test_vmm_growth_trim_regrowth_on_the_gpu(gpu):
     assert mr.trim() == 8 * MiB and mr.mapped_bytes == 0
     mr.close()
     s.close()
+
+
+def test_vmm_exportable_pages_on_the_gpu(gpu):
+    """handle_type='posix_fd' makes cuMemCreate request exportable allocations; the memory works."""
+    MiB = 1 << 20
+    opts = mrkit.VirtualMemoryResourceOptions(reserve_size="4 GiB", handle_type="posix_fd", location=0)
+    mr = mrkit.VirtualMemoryResource(0, opts, driver=gpu)
+    s = Stream.create(0, driver=gpu)
+    a = mr.allocate(6 * MiB, s)
+    gpu.memset_async(a, 9, 6 * MiB, s.handle)
+    assert gpu.copy_to_host(a + 6 * MiB - 4, 4, s.handle) == b"\x09" * 4 and mr.mapped_bytes == 6 * MiB
+    mr.deallocate(a, 6 * MiB, s)
+    assert mr.trim() == 6 * MiB
+    mr.close()
+    s.close()

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mrkit import DEFAULT_STREAM, OutOfMemoryError, Stream, StreamOrderViolation, VirtualMemoryResource, VirtualMemoryResourceOptions
+from mrkit import DEFAULT_STREAM, CUDAError, OutOfMemoryError, Stream, StreamOrderViolation, VirtualMemoryResource, VirtualMemoryResourceOptions
 from mrkit.driver import SimDeviceSpec, SimDriver
 
 MiB = 1 << 20
@@ -92,7 +92,7 @@ def test_pages_are_mapped_in_runs(max_mapping, creates):
     drv = SimDriver([SimDeviceSpec(total_memory=1 << 30)])
     calls = []
     orig = drv.mem_create
-    drv.mem_create = lambda dev, n: (calls.append(n), orig(dev, n))[1]
+    drv.mem_create = lambda dev, n, *rest: (calls.append(n), orig(dev, n, *rest))[1]
     mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(max_mapping=max_mapping), driver=drv)
     p = mr.allocate(80 * MiB, DEFAULT_STREAM)
     assert len(calls) == creates and sum(calls) == 80 * MiB == mr.mapped_bytes
@@ -242,3 +242,26 @@ def test_a_repeated_workload_maps_nothing_new():
     assert counts[0] > 0 and counts[1] == 0
     assert layouts[0] == layouts[1] and highs[0] == highs[1]
     mr.close()
+
+
+def test_location_and_handle_type_options():
+    d = SimDriver([SimDeviceSpec(total_memory=1 << 30), SimDeviceSpec(total_memory=1 << 30)], policy="eager")
+    # pages in device 1's memory, used from device 0 (which is given access)
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(location=1, handle_type="posix_fd"), driver=d)
+    used0, used1 = d._devices[0].used, d._devices[1].used
+    p = mr.allocate(3 << 20, DEFAULT_STREAM)
+    assert d._devices[1].used == used1 + (4 << 20) and d._devices[0].used == used0
+    assert {h.handle_type for h in d._vmm.values()} == {"posix_fd"} and {h.dev for h in d._vmm.values()} == {1}
+    d.touch(p, 3 << 20, d.stream_create(0))  # device 0 may use it
+    mr.deallocate(p, 3 << 20, DEFAULT_STREAM)
+    mr.close()
+    with pytest.raises(ValueError, match="handle_type"):
+        VirtualMemoryResourceOptions(handle_type="dmabuf")
+    with pytest.raises(ValueError, match="location"):
+        VirtualMemoryResourceOptions(location=-1)
+    with pytest.raises(CUDAError, match="CUDA_ERROR_NOT_SUPPORTED"):  # the simulated device has no fabric
+        VirtualMemoryResource(0, VirtualMemoryResourceOptions(handle_type="fabric"), driver=d)
+    with pytest.raises(CUDAError, match="CUDA_ERROR_INVALID_DEVICE"):
+        VirtualMemoryResource(0, VirtualMemoryResourceOptions(location=7), driver=d)
+    # nothing left behind by the refused ones: no handle, no reservation
+    assert not d._vmm and not [r for r in d._regions.values() if r.kind == "reservation"]

@@ -37,6 +37,8 @@ POOL_ATTRIBUTES = (
 
 #: Access flags for pools and VMM mappings.
 ACCESS_FLAGS = ("none", "read", "readwrite")
+# shareable handle types a VMM allocation can be created exportable as (cuMemCreate's requestedHandleTypes)
+VMM_HANDLE_TYPES = ("none", "posix_fd", "win32", "fabric")
 
 #: Advice names for :meth:`Driver.mem_advise`.
 MANAGED_ADVICE = (
@@ -118,8 +120,9 @@ class Driver:
     def mem_pool_import_pointer(self, pool: int, data: bytes) -> int: raise NotImplementedError
 
     # -- virtual memory management --------------------------------------------------------
-    def mem_get_allocation_granularity(self, dev: int, recommended: bool = False) -> int: raise NotImplementedError
-    def mem_create(self, dev: int, nbytes: int) -> int: raise NotImplementedError
+    def mem_get_allocation_granularity(self, dev: int, recommended: bool = False,
+                                       handle_type: str = "none") -> int: raise NotImplementedError
+    def mem_create(self, dev: int, nbytes: int, handle_type: str = "none") -> int: raise NotImplementedError
     def mem_release(self, handle: int) -> None: raise NotImplementedError
     def mem_address_reserve(self, nbytes: int, alignment: int = 0) -> int: raise NotImplementedError
     def mem_address_free(self, ptr: int, nbytes: int) -> None: raise NotImplementedError

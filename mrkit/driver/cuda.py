@@ -442,22 +442,28 @@ class CudaDriver(Driver):
         return int(self._check(self.d.cuMemPoolImportPointer(pool, share), "cuMemPoolImportPointer"))
 
     # -- virtual memory management ------------------------------------------------------------
-    def _alloc_prop(self, dev: int):
+    _VMM_HANDLE = {"none": "CU_MEM_HANDLE_TYPE_NONE", "posix_fd": "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR",
+                   "win32": "CU_MEM_HANDLE_TYPE_WIN32", "fabric": "CU_MEM_HANDLE_TYPE_FABRIC"}
+
+    def _alloc_prop(self, dev: int, handle_type: str = "none"):
         d = self.d
+        if handle_type not in self._VMM_HANDLE:
+            raise ValueError(f"handle_type must be one of {list(self._VMM_HANDLE)}, got {handle_type!r}")
         prop = d.CUmemAllocationProp()
         prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
         prop.location = self._location(dev)
+        prop.requestedHandleTypes = self._enum("CUmemAllocationHandleType", self._VMM_HANDLE[handle_type])
         return prop
 
-    def mem_get_allocation_granularity(self, dev: int, recommended: bool = False) -> int:
+    def mem_get_allocation_granularity(self, dev: int, recommended: bool = False, handle_type: str = "none") -> int:
         flag = self._enum("CUmemAllocationGranularity_flags",
                           "CU_MEM_ALLOC_GRANULARITY_RECOMMENDED" if recommended else "CU_MEM_ALLOC_GRANULARITY_MINIMUM")
-        return int(self._check(self.d.cuMemGetAllocationGranularity(self._alloc_prop(dev), flag),
+        return int(self._check(self.d.cuMemGetAllocationGranularity(self._alloc_prop(dev, handle_type), flag),
                                "cuMemGetAllocationGranularity"))
 
-    def mem_create(self, dev: int, nbytes: int) -> int:
+    def mem_create(self, dev: int, nbytes: int, handle_type: str = "none") -> int:
         self.ensure_context(dev)
-        return int(self._check(self.d.cuMemCreate(nbytes, self._alloc_prop(dev), 0), "cuMemCreate", nbytes))
+        return int(self._check(self.d.cuMemCreate(nbytes, self._alloc_prop(dev, handle_type), 0), "cuMemCreate", nbytes))
 
     def mem_release(self, handle: int) -> None:
         self._check(self.d.cuMemRelease(handle), "cuMemRelease")

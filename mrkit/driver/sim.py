@@ -40,7 +40,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .._errors import CUDAError, OutOfMemoryError, StreamOrderViolation
-from ._base import ACCESS_FLAGS, DEVICE_CAPABILITIES, MANAGED_ADVICE, POOL_ATTRIBUTES, Driver
+from ._base import ACCESS_FLAGS, DEVICE_CAPABILITIES, MANAGED_ADVICE, POOL_ATTRIBUTES, VMM_HANDLE_TYPES, Driver
 
 __all__ = ["SimDriver", "SimDeviceSpec"]
 
@@ -82,6 +82,7 @@ class SimDeviceSpec:
     concurrent_managed_access: bool = True
     compute_capability: tuple = (9, 0)
     multiprocessors: int = 132
+    vmm_handle_types: tuple = ("none", "posix_fd")  # shareable handle types cuMemCreate accepts
 
 
 # -- sparse byte storage --------------------------------------------------------------------
@@ -204,10 +205,10 @@ class _Region:
 
 
 class _Handle:
-    __slots__ = ("handle", "dev", "size", "backing", "released", "mappings")
+    __slots__ = ("handle", "dev", "size", "backing", "released", "mappings", "handle_type")
 
-    def __init__(self, handle, dev, size):
-        self.handle, self.dev, self.size = handle, dev, size
+    def __init__(self, handle, dev, size, handle_type="none"):
+        self.handle, self.dev, self.size, self.handle_type = handle, dev, size, handle_type
         self.backing = _Backing(size)
         self.released = False
         self.mappings = 0
@@ -1227,20 +1228,29 @@ class SimDriver(Driver):
             raise _err("CUDA_ERROR_NOT_SUPPORTED", call, f"device {dev} does not support virtual memory management")
         return d
 
-    def mem_get_allocation_granularity(self, dev: int, recommended: bool = False) -> int:
-        spec = self._vmm_device(dev, "cuMemGetAllocationGranularity").spec
-        return spec.recommended_granularity if recommended else spec.granularity
+    def _check_handle_type(self, d: _Device, handle_type: str, call: str) -> None:
+        if handle_type not in VMM_HANDLE_TYPES:
+            raise ValueError(f"handle_type must be one of {list(VMM_HANDLE_TYPES)}, got {handle_type!r}")
+        if handle_type not in d.spec.vmm_handle_types:
+            raise _err("CUDA_ERROR_NOT_SUPPORTED", call,
+                       f"device {d.index} cannot create allocations exportable as {handle_type!r}")
 
-    def mem_create(self, dev: int, nbytes: int) -> int:
+    def mem_get_allocation_granularity(self, dev: int, recommended: bool = False, handle_type: str = "none") -> int:
+        d = self._vmm_device(dev, "cuMemGetAllocationGranularity")
+        self._check_handle_type(d, handle_type, "cuMemGetAllocationGranularity")
+        return d.spec.recommended_granularity if recommended else d.spec.granularity
+
+    def mem_create(self, dev: int, nbytes: int, handle_type: str = "none") -> int:
         with self._lock:
             d = self._vmm_device(dev, "cuMemCreate")
+            self._check_handle_type(d, handle_type, "cuMemCreate")
             g = d.spec.granularity
             if nbytes <= 0 or nbytes % g:
                 raise _err("CUDA_ERROR_INVALID_VALUE", "cuMemCreate",
                            f"size {nbytes} is not a positive multiple of the granularity {g}")
             self._reserve_device_bytes(d, nbytes, "cuMemCreate")
             h = next(self._handles)
-            self._vmm[h] = _Handle(h, dev, nbytes)
+            self._vmm[h] = _Handle(h, dev, nbytes, handle_type)
             return h
 
     def _vmm_free_if_unused(self, h: _Handle) -> None:

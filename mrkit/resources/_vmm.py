@@ -9,6 +9,7 @@ from .._errors import OutOfMemoryError
 from .._sizes import format_size, parse_size
 from .._stream import DEFAULT_STREAM, Stream
 from ..driver import Driver, get_driver
+from ..driver._base import VMM_HANDLE_TYPES
 from ..suballoc._pool import PoolResource, _FreeList
 from ._basic import HostMemoryResource
 
@@ -27,7 +28,12 @@ class VirtualMemoryResourceOptions:
         automatically (``None``: no absolute limit).
     release_fraction: the same, relative to the live bytes (``0.1``: keep the free mapped memory under
         10 % of what is live). With neither, memory goes back only on :meth:`VirtualMemoryResource.trim`.
-    peers: devices given read-write access to every mapping (``cuMemSetAccess``)."""
+    peers: devices given read-write access to every mapping (``cuMemSetAccess``).
+    location: the device whose memory backs the pages (default: the resource's device); the resource's
+        device (and ``peers``) get access to it, so another device's memory needs peer capability.
+    handle_type: which shareable handle the physical allocations can be exported as (``cuMemCreate``'s
+        requested handle types): ``"none"`` (default), ``"posix_fd"``, ``"win32"`` or ``"fabric"``;
+        the granularity is queried for that handle type."""
 
     reserve_size: int | str | None = None
     page_size: int | str | None = None
@@ -35,6 +41,8 @@ class VirtualMemoryResourceOptions:
     release_threshold: int | str | None = None
     release_fraction: float | None = None
     peers: tuple = ()
+    location: int | None = None
+    handle_type: str = "none"
 
     def __post_init__(self):
         for f in ("reserve_size", "page_size", "release_threshold"):
@@ -45,6 +53,11 @@ class VirtualMemoryResourceOptions:
         if self.release_fraction is not None and not self.release_fraction >= 0:
             raise ValueError(f"release_fraction must be >= 0, got {self.release_fraction}")
         object.__setattr__(self, "peers", tuple(self.peers))
+        if self.handle_type not in VMM_HANDLE_TYPES:
+            raise ValueError(f"handle_type must be one of {list(VMM_HANDLE_TYPES)}, got {self.handle_type!r}")
+        if self.location is not None and (isinstance(self.location, bool) or not isinstance(self.location, int)
+                                          or self.location < 0):
+            raise ValueError(f"location must be a device ordinal or None, got {self.location!r}")
 
 
 class _Coverage:
@@ -129,7 +142,7 @@ class VirtualMemoryResource(PoolResource):
     """
 
     __slots__ = ("options", "page", "base", "reserve_size", "_top", "_maps", "_cov", "_mapped",
-                 "_mapped_high", "_peers", "_run_pages", "_pending", "_pending_bytes")
+                 "_mapped_high", "_peers", "_run_pages", "_pending", "_pending_bytes", "_location")
 
     def __init__(self, device: int = 0, options: VirtualMemoryResourceOptions | None = None, *,
                  driver: Driver | None = None) -> None:
@@ -137,7 +150,8 @@ class VirtualMemoryResource(PoolResource):
         drv = driver or get_driver()
         if not drv.device_capability(device, "virtual_memory_management_supported"):
             raise ValueError(f"device {device} does not support virtual memory management")
-        gran = drv.mem_get_allocation_granularity(device)
+        location = device if opts.location is None else opts.location
+        gran = drv.mem_get_allocation_granularity(location, handle_type=opts.handle_type)
         page = opts.page_size or gran
         if page % gran:
             raise ValueError(f"page_size {page} must be a multiple of the allocation granularity {gran}")
@@ -150,6 +164,7 @@ class VirtualMemoryResource(PoolResource):
         self.device_id = device
         self.options, self.page, self.reserve_size = opts, page, reserve
         self._peers = opts.peers
+        self._location = location
         self.base = drv.mem_address_reserve(reserve, page)
         self._top = self.base
         self._boundaries.add(self.base)
@@ -268,7 +283,7 @@ class VirtualMemoryResource(PoolResource):
         try:
             for start, n in runs:
                 va, nbytes = base + start * page, n * page
-                h = drv.mem_create(dev, nbytes)
+                h = drv.mem_create(self._location, nbytes, self.options.handle_type)
                 try:
                     drv.mem_map(va, nbytes, 0, h)
                 except BaseException:
@@ -277,7 +292,8 @@ class VirtualMemoryResource(PoolResource):
                 done.append((start, n, h))
                 drv.mem_set_access(va, nbytes, dev, "readwrite")
                 for peer in self._peers:
-                    drv.mem_set_access(va, nbytes, peer, "readwrite")
+                    if peer != dev:
+                        drv.mem_set_access(va, nbytes, peer, "readwrite")
         except BaseException as exc:
             for start, n, h in reversed(done):
                 drv.mem_unmap(base + start * page, n * page)
