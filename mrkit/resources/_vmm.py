@@ -430,5 +430,8 @@ class VirtualMemoryResource(PoolResource):
                 self._states.clear()
 
     def _describe(self) -> str:
+        extra = "" if self._location == self.device_id else f", location={self._location}"
+        if self.options.handle_type != "none":
+            extra += f", handle_type={self.options.handle_type}"
         return (f"device={self.device_id}, reserved={format_size(self.reserve_size)}, "
-                f"mapped={format_size(self.mapped_bytes)}, driver={self.driver.name}")
+                f"mapped={format_size(self.mapped_bytes)}{extra}, driver={self.driver.name}")
