@@ -347,3 +347,37 @@ def test_release_waits_only_for_the_streams_that_freed_memory():
     pool.deallocate(p, 4096, s)
     assert pool.release() == 2 << 20
     assert not drv.stream_query(busy.handle)
+
+
+def test_a_lock_free_free_racing_a_locked_cache_insert_loses_nothing(sim):
+    """A free of a size with no cache list inserts one with a single atomic ``setdefault``, without the
+    lock; a locked insert of the same size (an aligned free) must not overwrite it. The race is forced
+    here: the other free runs exactly between the locked insert's check and its store."""
+    pool = PoolResource(CudaMemoryResource())
+    s = Stream.create()
+    a = pool.allocate(256, s, alignment=512)  # a 512-byte block; its free takes the locked path
+    b = pool.allocate(512, s)  # the same rounded size; its free takes the lock-free path
+    pool.deallocate(pool.allocate(64, s), 64, s)  # the stream has its state
+    st = pool._states[s.uid]
+    fired = []
+
+    class Racing(dict):
+        def _race(self, key):
+            if key == 512 and not fired:
+                fired.append(key)
+                pool.deallocate(b, 512, s)  # "another thread"
+
+        def get(self, key, default=None):
+            value = dict.get(self, key, default)
+            self._race(key)
+            return value
+
+        def setdefault(self, key, default=None):
+            self._race(key)
+            return dict.setdefault(self, key, default)
+
+    st.cache = Racing(st.cache)
+    pool.deallocate(a, 256, s, alignment=512)
+    assert fired and pool.live_bytes == 0
+    pool.release()
+    assert pool.pool_size == 0  # both blocks came back

@@ -60,10 +60,18 @@ class _FreeList:
             return None
         bsize, ptr = sizes[i]
         if ptr == spare and i + 1 < len(sizes):
-            bsize, ptr = sizes[i + 1]
-        self._remove(ptr, bsize)
+            i += 1
+            bsize, ptr = sizes[i]
+        del sizes[i]  # _remove and _add inlined: this runs on every allocation that misses the cache
+        start, end = self.start, self.end
+        del start[ptr]
         if bsize > size:
-            self._add(ptr + size, bsize - size)
+            rest, rsize = ptr + size, bsize - size
+            insort(sizes, (rsize, rest))
+            start[rest] = rsize
+            end[ptr + bsize] = rest
+        else:
+            del end[ptr + bsize]
         return ptr
 
     def largest(self) -> int:
@@ -102,15 +110,16 @@ class _StreamState:
         appended to a list after it was drained is rescued by the deallocating thread."""
         free = self.free
         old, self.cache = self.cache, {}
-        for size, ptrs in old.items():
+        # list(): a lock-free free may still add a key to the old dict (it then rescues its block)
+        for size, ptrs in list(old.items()):
             for p in _drain(ptrs):
                 free.insert(p, size, boundaries)
 
     def empty(self) -> bool:
-        return not self.free.sizes and not any(self.cache.values())
+        return not self.free.sizes and not any(list(self.cache.values()))
 
     def bytes(self) -> int:
-        return self.free.total() + sum(s * len(v) for s, v in self.cache.items())
+        return self.free.total() + sum(s * len(v) for s, v in list(self.cache.items()))
 
 
 class _OneState(dict):
@@ -183,15 +192,20 @@ def _hot_paths(pool: "PoolResource", events: list | None = None, on_full=None):
         if st is not None:
             cache = st.cache
             lst = cache.get(size)
-            if lst is not None:
+            if lst is None:  # first block of this size: insert-or-get, one atomic dict operation
+                new = [ptr]
+                lst = cache.setdefault(size, new)
+                if lst is not new:
+                    lst.append(ptr)
+            else:
                 lst.append(ptr)
-                # Every path that detaches a cache (a flush, a hand-over, retiring a stream's state)
-                # swaps st.cache first, so this one test tells whether the append landed in a live list.
-                if st.cache is cache:
-                    return
-                with lock:  # a flush or hand-over replaced the list meanwhile: rescue it
-                    pool._rescue(lst, size, stream)
+            # Every path that detaches a cache (a flush, a hand-over, retiring a stream's state)
+            # swaps st.cache first, so this one test tells whether the block landed in a live list.
+            if st.cache is cache:
                 return
+            with lock:  # a flush or hand-over replaced the list meanwhile: rescue it
+                pool._rescue(lst, size, stream)
+            return
         with lock:
             pool._cache_block(ptr, size, stream)
 
@@ -348,10 +362,9 @@ class PoolResource(MemoryResource):
     def _cache_block(self, block: int, size: int, stream: Stream) -> None:
         """Put a freed block in its stream's exact-size cache (lock held)."""
         st = self._state(stream)
-        lst = st.cache.get(size)
-        if lst is None:
-            st.cache[size] = [block]
-        else:
+        new = [block]
+        lst = st.cache.setdefault(size, new)  # never overwrite: a lock-free free may have added the key
+        if lst is not new:
             lst.append(block)
 
     def _rescue(self, lst: list, size: int, stream: Stream) -> None:
