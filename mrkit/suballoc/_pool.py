@@ -38,19 +38,26 @@ class _FreeList:
         del self.end[ptr + size]
 
     def insert(self, ptr: int, size: int, boundaries) -> None:
+        sizes, start, end = self.sizes, self.start, self.end  # _remove/_add inlined (every free)
         nxt = ptr + size
         if nxt not in boundaries:
-            nsize = self.start.get(nxt)
+            nsize = start.get(nxt)
             if nsize is not None:
-                self._remove(nxt, nsize)
+                del sizes[bisect_left(sizes, (nsize, nxt))]
+                del start[nxt]
+                del end[nxt + nsize]
                 size += nsize
         if ptr not in boundaries:
-            prev = self.end.get(ptr)
+            prev = end.get(ptr)
             if prev is not None:
-                psize = self.start[prev]
-                self._remove(prev, psize)
+                psize = start[prev]
+                del sizes[bisect_left(sizes, (psize, prev))]
+                del start[prev]
+                del end[ptr]
                 ptr, size = prev, size + psize
-        self._add(ptr, size)
+        insort(sizes, (size, ptr))
+        start[ptr] = size
+        end[ptr + size] = ptr
 
     def take(self, size: int, spare: int | None = None) -> int | None:
         """Best fit; the block at ``spare`` only when nothing else fits."""
