@@ -220,6 +220,15 @@ def as_stream(obj, driver: Driver | None = None) -> Stream:
     return s
 
 
+def stream_handle(obj) -> int:
+    """The raw handle of a stream-like (see the module docstring), without building a :class:`Stream`."""
+    if isinstance(obj, Stream):
+        return obj.handle
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        return obj
+    return _foreign_handle(obj)
+
+
 def order_after(driver: Driver, device: int, waiter: int, signaller: int) -> None:
     """Make future work on stream handle ``waiter`` wait for the work queued so far on ``signaller``
     (one temporary event)."""

@@ -11,7 +11,7 @@ from datetime import datetime
 
 from .._errors import OutOfMemoryError
 from .._resource import MemoryResource
-from .._stream import DEFAULT_STREAM, Stream
+from .._stream import DEFAULT_STREAM, Stream, stream_handle
 from ._base import Adaptor
 
 __all__ = ["LoggingAdaptor", "LogEvent", "read_log", "replay", "ReplayReport"]
@@ -50,14 +50,14 @@ class LoggingAdaptor(Adaptor):
     # Recording is inlined in both methods — one tuple, one atomic list append per event (the stream's
     # handle resolved now, so the buffer holds only numbers and strings); formatting waits for flush().
     def allocate(self, nbytes, stream, alignment=256):
-        h = stream.handle if type(stream) is Stream else _handle_of(stream)
         try:
             ptr = self._up_alloc(nbytes, stream, alignment)
         except OutOfMemoryError:
-            self._buf.append((self._tid(), self._time(), "allocate failure", 0, nbytes, h))
+            self._buf.append((self._tid(), self._time(), "allocate failure", 0, nbytes, stream_handle(stream)))
             raise
         buf = self._buf
-        buf.append((self._tid(), self._time(), "allocate", ptr, nbytes, h))
+        buf.append((self._tid(), self._time(), "allocate", ptr, nbytes,
+                    stream.handle if type(stream) is Stream else stream_handle(stream)))
         if len(buf) >= self._limit:
             self.flush()
         return ptr
@@ -66,7 +66,7 @@ class LoggingAdaptor(Adaptor):
         self._up_free(ptr, nbytes, stream, alignment)
         buf = self._buf
         buf.append((self._tid(), self._time(), "free", ptr, nbytes,
-                    stream.handle if type(stream) is Stream else _handle_of(stream)))
+                    stream.handle if type(stream) is Stream else stream_handle(stream)))
         if len(buf) >= self._limit:
             self.flush()
 
@@ -92,14 +92,6 @@ class LoggingAdaptor(Adaptor):
         self.flush()
         if self._owns:
             self._file.close()
-
-
-def _handle_of(stream) -> int:
-    if isinstance(stream, int):
-        return stream
-    if hasattr(stream, "__cuda_stream__"):
-        return stream.__cuda_stream__()[1]
-    return getattr(stream, "handle", 0)
 
 
 @dataclass(frozen=True)
