@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._resource import MemoryResource
+from ..suballoc._pool import fused_paths
 from ._base import Adaptor
 
 __all__ = ["StatisticsAdaptor", "Statistics"]
@@ -61,6 +62,9 @@ def _fold_array(batch, b, peak_b, tot_b, k, peak_k, tot_k):
             k + int(steps[-1]), max(peak_k, k + int(steps.max())), tot_k + n_pos)
 
 
+_FOLD_AT = 4096  # pending events that make a free fold the counters (bounds the event list)
+
+
 class _Measurement:
     __slots__ = ("result",)
 
@@ -79,8 +83,9 @@ class StatisticsAdaptor(Adaptor):
 
     Threads: each allocation or free is recorded by one atomic append to an event list (``+n`` or
     ``-n``); the counters are brought up to date from that list, in append order, under a lock —
-    whenever they are read, a frame is pushed or popped, or more than 4096 events are pending (folded with numpy in batches). The append order is
-    the order the statistics describe, so peaks and totals are exact.
+    whenever they are read, a frame is pushed or popped, or a free finds more than ``_FOLD_AT`` events
+    pending (large batches are folded with numpy). The append order is the order the statistics
+    describe, so peaks and totals are exact.
 
     Over a :class:`~mrkit.PoolResource` (or a subclass that keeps its hot path) the adaptor's
     ``allocate``/``deallocate`` are the pool's own hot path with the append fused in, so counting adds
@@ -95,8 +100,7 @@ class StatisticsAdaptor(Adaptor):
         self._stack = [[0, 0, 0, 0, 0, 0]]  # cur_b, peak_b, tot_b, cur_n, peak_n, tot_n
         self._events: list[int] = []  # signed byte events (a list appends fastest)
         if type(self) is StatisticsAdaptor:  # subclasses keep their own methods
-            from ..suballoc._pool import fused_paths
-            fused = fused_paths(upstream, self._events, self._fold)
+            fused = fused_paths(upstream, self._events, self._fold, _FOLD_AT)
             if fused is not None:
                 self.allocate, self.deallocate = fused  # instance attributes win over the methods
 
@@ -111,7 +115,7 @@ class StatisticsAdaptor(Adaptor):
         if ptr:
             events = self._events
             events.append(-nbytes)
-            if len(events) > 4096:
+            if len(events) > _FOLD_AT:
                 self._fold()
 
     def _fold(self) -> None:

@@ -136,10 +136,10 @@ class _OneState(dict):
         return dict.get(self, 0, default)
 
 
-def _hot_paths(pool: "PoolResource", events: list | None = None, on_full=None):
+def _hot_paths(pool: "PoolResource", events: list | None = None, on_full=None, limit: int = 0):
     """The pool's ``allocate`` and ``deallocate`` as two closures (free variables are faster than
     attribute look-ups on ``self``). With ``events``, each successful call also appends ``+nbytes`` or
-    ``-nbytes`` to it, and ``on_full()`` runs when more than 4096 are pending: that is how
+    ``-nbytes`` to it, and ``on_full()`` runs when a free finds more than ``limit`` pending: that is how
     :class:`~mrkit.StatisticsAdaptor` counts over a pool without a Python frame of its own.
 
     Cache hits take no lock: a list pop, a list append and dict stores are each atomic, every block
@@ -187,12 +187,12 @@ def _hot_paths(pool: "PoolResource", events: list | None = None, on_full=None):
                 pool._deallocate_slow(ptr, nbytes, stream, alignment)
             if events is not None and ptr:
                 events.append(-nbytes)
-                if len(events) > 4096:
+                if len(events) > limit:
                     on_full()
             return
         if events is not None:
             events.append(-nbytes)
-            if len(events) > 4096:  # checked on frees only: pending events stay within 4096 + live blocks
+            if len(events) > limit:  # checked on frees only: pending events stay within limit + live blocks
                 on_full()
         size = (nbytes + 255) & -256
         st = pool._states.get(stream.uid)
@@ -598,10 +598,10 @@ _ALLOCATE = PoolResource.__dict__["allocate"]
 _DEALLOCATE = PoolResource.__dict__["deallocate"]
 
 
-def fused_paths(upstream, events: list, on_full):
+def fused_paths(upstream, events: list, on_full, limit: int):
     """``(allocate, deallocate)`` of ``upstream`` recording into ``events`` (see :func:`_hot_paths`),
     or ``None`` when ``upstream`` is not a pool whose hot path is the stock one."""
     cls = type(upstream)
     if getattr(cls, "allocate", None) is _ALLOCATE and getattr(cls, "deallocate", None) is _DEALLOCATE:
-        return _hot_paths(upstream, events, on_full)
+        return _hot_paths(upstream, events, on_full, limit)
     return None
