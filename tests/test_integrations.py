@@ -92,7 +92,7 @@ def test_dlpack_device_and_consumer_stream_on_device_memory(sim):
     del cap
 
 
-def _fake_cupy(calls, function_allocator=True):
+def _fake_cupy(calls):
     """A stand-in for CuPy's allocator API, with CuPy's semantics: PythonFunctionAllocator's memory
     calls ``malloc_func(size, device_id)`` and, when dropped, ``free_func(ptr, device_id)``."""
     cupy = types.ModuleType("cupy")
@@ -124,12 +124,9 @@ def _fake_cupy(calls, function_allocator=True):
             return cuda.MemoryPointer(FunctionMemory(size, self._m, self._f, current["device"]), 0)
 
     cuda.get_current_stream = lambda: current["s"]
-    cuda.UnownedMemory = lambda ptr, size, owner, device_id: types.SimpleNamespace(
-        ptr=ptr, size=size, owner=owner, device_id=device_id)
     cuda.MemoryPointer = lambda mem, offset: types.SimpleNamespace(mem=mem, ptr=mem.ptr + offset)
     cuda.PinnedMemoryPointer = lambda mem, offset: types.SimpleNamespace(mem=mem, ptr=mem.ptr + offset)
-    if function_allocator:
-        cuda.PythonFunctionAllocator = PythonFunctionAllocator
+    cuda.PythonFunctionAllocator = PythonFunctionAllocator
     cuda.set_allocator = lambda fn: calls.append(("set_allocator", fn))
     cuda.get_allocator = lambda: next(fn for what, fn in reversed(calls) if what == "set_allocator")
     cuda.set_pinned_memory_allocator = lambda fn: calls.append(("set_pinned", fn))
@@ -156,10 +153,9 @@ class _Recording(Adaptor):
         super().deallocate(ptr, nbytes, stream, alignment)
 
 
-@pytest.mark.parametrize("function_allocator", [True, False], ids=["PythonFunctionAllocator", "UnownedMemory"])
-def test_cupy_hooks_are_wired(sim, monkeypatch, function_allocator):
+def test_cupy_hooks_are_wired(sim, monkeypatch):
     calls = []
-    fake = _fake_cupy(calls, function_allocator)
+    fake = _fake_cupy(calls)
     monkeypatch.setitem(sys.modules, "cupy", fake)
     import mrkit.cupy as mcupy
 
@@ -181,11 +177,10 @@ def test_cupy_hooks_are_wired(sim, monkeypatch, function_allocator):
     assert set(mr.events[-2:]) == {("free", p1, 1000, DEFAULT_STREAM.uid), ("free", p2, 64, s.uid)}
     del mp3
     assert mr.statistics.current_bytes == 0
-    if function_allocator:  # a device other than the resource's is refused before anything is taken
-        fake._current["device"] = 1
-        with pytest.raises(ValueError, match="current device is 1"):
-            fn(64)
-        assert mr.statistics.current_bytes == 0
+    fake._current["device"] = 1  # a device other than the resource's is refused before anything is taken
+    with pytest.raises(ValueError, match="current device is 1"):
+        fn(64)
+    assert mr.statistics.current_bytes == 0
     pinned = mcupy.install_pinned()
     block = pinned(128)
     sim.write(block.ptr, b"x" * 128)

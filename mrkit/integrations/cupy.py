@@ -7,8 +7,8 @@ reference.
 The device allocator is built on CuPy's ``PythonFunctionAllocator``: CuPy's own (compiled) memory
 object calls mrkit's ``malloc(size, device_id)`` and, when CuPy drops it, ``free(ptr, device_id)``.
 mrkit remembers each block's size and stream in one dict entry, so the hot path creates no Python
-object besides CuPy's own two (older CuPy without that class: a :class:`~mrkit.Buffer` owned by an
-``UnownedMemory``, with the device id passed explicitly so CuPy never queries the pointer).
+object besides CuPy's own two. (``PythonFunctionAllocator`` exists in every CuPy the ``cupy`` and
+``cupy12`` extras install.)
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def _stream_lookup():
     cell = [(lambda: None, DEFAULT_STREAM)]
 
     def lookup(cs):
-        s = DEFAULT_STREAM if cs.ptr == 0 else as_stream(cs)
+        s = as_stream(cs)  # CuPy's null stream (handle 0) is DEFAULT_STREAM, found without the driver
         try:
             cell[0] = (weakref.ref(cs), s)
         except TypeError:  # pragma: no cover - a stream object without weak references
@@ -71,22 +71,6 @@ def allocator(mr: MemoryResource | None = None):
     get_stream = cupy.cuda.get_current_stream
     cell, lookup = _stream_lookup()
     alloc, dealloc = mr.allocate, mr.deallocate
-    PFA = getattr(cupy.cuda, "PythonFunctionAllocator", None)
-    if PFA is None:  # CuPy without PythonFunctionAllocator: the memory object owns a Buffer
-        Unowned = cupy.cuda.UnownedMemory
-        MemoryPointer = cupy.cuda.MemoryPointer
-
-        def malloc(nbytes: int):
-            cs = get_stream()
-            ref, s = cell[0]
-            if ref() is not cs:
-                s = lookup(cs)
-            ptr = alloc(nbytes, s)
-            return MemoryPointer(Unowned(ptr, nbytes, Buffer(ptr, nbytes, mr, s), device), 0)
-
-        malloc.resource = mr
-        return malloc
-
     live: dict[int, tuple] = {}  # ptr -> (nbytes, stream): each entry written once and popped once
 
     def _malloc(nbytes: int, device_id: int) -> int:
@@ -113,7 +97,7 @@ def allocator(mr: MemoryResource | None = None):
             if not _exiting:
                 raise
 
-    owner = _allocator_class(PFA)(_malloc, _free)
+    owner = _allocator_class(cupy.cuda.PythonFunctionAllocator)(_malloc, _free)
     owner.resource = mr
     return owner.malloc  # CuPy calls this bound (compiled) method directly
 
