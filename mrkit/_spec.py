@@ -144,6 +144,7 @@ def build_resource(node: Node, driver=None):
     from .adaptors import LimitingAdaptor, LoggingAdaptor, StatisticsAdaptor, TrackingAdaptor
     from .resources import (
         CudaMemoryResource, DeviceMemoryResource, HostMemoryResource, ManagedMemoryResource, PinnedMemoryResource,
+        VirtualMemoryResource,
     )
     from .suballoc import PoolResource
 
@@ -153,7 +154,6 @@ def build_resource(node: Node, driver=None):
     if n == "device":
         return DeviceMemoryResource(*args, driver=driver, **kw)
     if n == "vmm":
-        from .resources import VirtualMemoryResource
         return VirtualMemoryResource(*args, driver=driver, **kw)
     if n == "cuda":
         return CudaMemoryResource(*args, driver=driver, **kw)

@@ -28,10 +28,6 @@ def make_manager_class():
         (Numba's EMM interface has no stream); each is owned by a :class:`~mrkit.Buffer` released by
         Numba's finalizer."""
 
-        def initialize(self):
-            super().initialize()
-            self._device = self.context.device.id
-
         def memalloc(self, size):
             mr = get_current_resource(self.context.device.id)
             buf = Buffer(mr.allocate(size, DEFAULT_STREAM), size, mr, DEFAULT_STREAM)

@@ -142,7 +142,7 @@ class VirtualMemoryResource(PoolResource):
     """
 
     __slots__ = ("options", "page", "base", "reserve_size", "_top", "_maps", "_cov", "_mapped",
-                 "_mapped_high", "_peers", "_run_pages", "_pending", "_pending_bytes", "_location")
+                 "_mapped_high", "_run_pages", "_pending", "_pending_bytes", "_location")
 
     def __init__(self, device: int = 0, options: VirtualMemoryResourceOptions | None = None, *,
                  driver: Driver | None = None) -> None:
@@ -163,7 +163,6 @@ class VirtualMemoryResource(PoolResource):
         self._states = {}
         self.device_id = device
         self.options, self.page, self.reserve_size = opts, page, reserve
-        self._peers = opts.peers
         self._location = location
         self.base = drv.mem_address_reserve(reserve, page)
         self._top = self.base
@@ -291,7 +290,7 @@ class VirtualMemoryResource(PoolResource):
                     raise
                 done.append((start, n, h))
                 drv.mem_set_access(va, nbytes, dev, "readwrite")
-                for peer in self._peers:
+                for peer in self.options.peers:
                     if peer != dev:
                         drv.mem_set_access(va, nbytes, peer, "readwrite")
         except BaseException as exc:

@@ -38,26 +38,19 @@ class _FreeList:
         del self.end[ptr + size]
 
     def insert(self, ptr: int, size: int, boundaries) -> None:
-        sizes, start, end = self.sizes, self.start, self.end  # _remove/_add inlined (every free)
         nxt = ptr + size
         if nxt not in boundaries:
-            nsize = start.get(nxt)
+            nsize = self.start.get(nxt)
             if nsize is not None:
-                del sizes[bisect_left(sizes, (nsize, nxt))]
-                del start[nxt]
-                del end[nxt + nsize]
+                self._remove(nxt, nsize)
                 size += nsize
         if ptr not in boundaries:
-            prev = end.get(ptr)
+            prev = self.end.get(ptr)
             if prev is not None:
-                psize = start[prev]
-                del sizes[bisect_left(sizes, (psize, prev))]
-                del start[prev]
-                del end[ptr]
+                psize = self.start[prev]
+                self._remove(prev, psize)
                 ptr, size = prev, size + psize
-        insort(sizes, (size, ptr))
-        start[ptr] = size
-        end[ptr + size] = ptr
+        self._add(ptr, size)
 
     def take(self, size: int, spare: int | None = None) -> int | None:
         """Best fit; the block at ``spare`` only when nothing else fits."""
