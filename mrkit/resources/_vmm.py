@@ -237,21 +237,16 @@ class VirtualMemoryResource(PoolResource):
             # starts again from empty starts from the same layout (one free range per stream)
             for other in self._states.values():
                 other.flush(self._boundaries)
-        ptr = super()._take(size, stream, st)
-        try:
-            self._ensure_mapped(ptr, size)
-        except OutOfMemoryError:
-            self._state(stream).free.insert(ptr, size, self._boundaries)
-            self._trim_locked()
-            ptr = super()._take(size, stream, self._states.get(stream.uid))
+        for retry in (False, True):  # out of memory while mapping: trim once and try again
+            ptr = super()._take(size, stream, self._states.get(stream.uid) if retry else st)
             try:
                 self._ensure_mapped(ptr, size)
-            except BaseException:
+                break
+            except BaseException as exc:
                 self._state(stream).free.insert(ptr, size, self._boundaries)
-                raise
-        except BaseException:
-            self._state(stream).free.insert(ptr, size, self._boundaries)
-            raise
+                if retry or not isinstance(exc, OutOfMemoryError):
+                    raise
+                self._trim_locked()
         opts = self.options
         if opts.release_threshold is not None or opts.release_fraction is not None:
             live = self._live_total()
