@@ -161,6 +161,7 @@ class VirtualMemoryResource(PoolResource):
         super().__init__(HostMemoryResource(), min_chunk=page, growth_factor=0.0, driver=drv)
         self._ordered = True
         self._states = {}
+        self._install_hot_paths()  # the hot paths hoist the states table
         self.device_id = device
         self.options, self.page, self.reserve_size = opts, page, reserve
         self._location = location

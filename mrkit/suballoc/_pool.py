@@ -129,87 +129,102 @@ class _OneState(dict):
         return dict.get(self, 0, default)
 
 
+# The pool's hot path, written once. Lines ending in "#S" record statistics events; they are kept
+# only in the variant built for StatisticsAdaptor (see fused_paths), so the plain pool pays nothing.
+_HOT_SOURCE = """
+def allocate(nbytes, stream, alignment=256):
+    if type(stream) is not Stream:
+        stream = as_stream(stream)
+    if type(nbytes) is not int or nbytes <= 0 or alignment != 256:
+        ptr = allocate_slow(nbytes, stream, alignment)
+        if ptr:  #S
+            record(nbytes)  #S
+        return ptr
+    size = (nbytes + 255) & -256
+    st = states_get(stream.uid)
+    if st is not None:
+        lst = st.cache.get(size)
+        if lst:
+            try:
+                ptr = lst.pop()
+            except IndexError:
+                pass
+            else:
+                live[ptr] = nbytes
+                record(nbytes)  #S
+                return ptr
+    with lock:
+        ptr = take(size, stream, st)
+        live[ptr] = nbytes
+    record(nbytes)  #S
+    return ptr
+
+
+def deallocate(ptr, nbytes, stream, alignment=256):
+    if type(stream) is not Stream:
+        stream = as_stream(stream)
+    n = live_pop(ptr, None)
+    if n != nbytes or alignment > 256:
+        if n is not None:
+            live[ptr] = n
+        with lock:
+            deallocate_slow(ptr, nbytes, stream, alignment)
+        if ptr:  #S
+            record(-nbytes)  #S
+            if len(events) > limit:  #S
+                on_full()  #S
+        return
+    record(-nbytes)  #S
+    if len(events) > limit:  #S  checked on frees only: pending events stay within limit + live blocks
+        on_full()  #S
+    size = (nbytes + 255) & -256
+    st = states_get(stream.uid)
+    if st is not None:
+        cache = st.cache
+        lst = cache.get(size)
+        if lst is None:  # first block of this size: insert-or-get, one atomic dict operation
+            new = [ptr]
+            lst = cache.setdefault(size, new)
+            if lst is not new:
+                lst.append(ptr)
+        else:
+            lst.append(ptr)
+        # Every path that detaches a cache (a flush, a hand-over, retiring a stream's state)
+        # swaps st.cache first, so this one test tells whether the block landed in a live list.
+        if st.cache is cache:
+            return
+        with lock:  # a flush or hand-over replaced the list meanwhile: rescue it
+            rescue(lst, size, stream)
+        return
+    with lock:
+        cache_block(ptr, size, stream)
+"""
+_HOT_PLAIN = compile("\n".join(ln for ln in _HOT_SOURCE.splitlines() if "#S" not in ln),
+                     "<mrkit pool hot path>", "exec")
+_HOT_COUNTING = compile(_HOT_SOURCE, "<mrkit pool hot path, counting>", "exec")
+
+
 def _hot_paths(pool: "PoolResource", events: list | None = None, on_full=None, limit: int = 0):
-    """The pool's ``allocate`` and ``deallocate`` as two closures (free variables are faster than
-    attribute look-ups on ``self``). With ``events``, each successful call also appends ``+nbytes`` or
-    ``-nbytes`` to it, and ``on_full()`` runs when a free finds more than ``limit`` pending: that is how
-    :class:`~mrkit.StatisticsAdaptor` counts over a pool without a Python frame of its own.
+    """The pool's ``allocate`` and ``deallocate``: functions whose globals are the pool's own
+    structures and bound methods, so a call makes no attribute look-up on ``self``. With ``events``,
+    each successful call also appends ``+nbytes`` or ``-nbytes`` to it, and ``on_full()`` runs when a
+    free finds more than ``limit`` pending: that is how :class:`~mrkit.StatisticsAdaptor` counts over
+    a pool without a Python frame of its own.
 
     Cache hits take no lock: a list pop, a list append and dict stores are each atomic, every block
     is popped by exactly one thread, and anything that restructures the caches holds the lock and
     drains lists with atomic pops (see _StreamState.flush)."""
-    live, lock = pool._live, pool._lock
-
-    def allocate(nbytes, stream, alignment=256):
-        if type(stream) is not Stream:
-            stream = pool._as_stream(stream)
-        if type(nbytes) is not int or nbytes <= 0 or alignment != 256:
-            ptr = pool._allocate_slow(nbytes, stream, alignment)
-            if events is not None and ptr:
-                events.append(nbytes)
-            return ptr
-        size = (nbytes + 255) & -256
-        st = pool._states.get(stream.uid)
-        if st is not None:
-            lst = st.cache.get(size)
-            if lst:
-                try:
-                    ptr = lst.pop()
-                except IndexError:
-                    pass
-                else:
-                    live[ptr] = nbytes
-                    if events is not None:
-                        events.append(nbytes)
-                    return ptr
-        with lock:
-            ptr = pool._take(size, stream, st)
-            live[ptr] = nbytes
-        if events is not None:
-            events.append(nbytes)
-        return ptr
-
-    def deallocate(ptr, nbytes, stream, alignment=256):
-        if type(stream) is not Stream:
-            stream = pool._as_stream(stream)
-        n = live.pop(ptr, None)
-        if n != nbytes or alignment > 256:
-            if n is not None:
-                live[ptr] = n
-            with lock:
-                pool._deallocate_slow(ptr, nbytes, stream, alignment)
-            if events is not None and ptr:
-                events.append(-nbytes)
-                if len(events) > limit:
-                    on_full()
-            return
-        if events is not None:
-            events.append(-nbytes)
-            if len(events) > limit:  # checked on frees only: pending events stay within limit + live blocks
-                on_full()
-        size = (nbytes + 255) & -256
-        st = pool._states.get(stream.uid)
-        if st is not None:
-            cache = st.cache
-            lst = cache.get(size)
-            if lst is None:  # first block of this size: insert-or-get, one atomic dict operation
-                new = [ptr]
-                lst = cache.setdefault(size, new)
-                if lst is not new:
-                    lst.append(ptr)
-            else:
-                lst.append(ptr)
-            # Every path that detaches a cache (a flush, a hand-over, retiring a stream's state)
-            # swaps st.cache first, so this one test tells whether the block landed in a live list.
-            if st.cache is cache:
-                return
-            with lock:  # a flush or hand-over replaced the list meanwhile: rescue it
-                pool._rescue(lst, size, stream)
-            return
-        with lock:
-            pool._cache_block(ptr, size, stream)
-
-    return allocate, deallocate
+    live = pool._live
+    ns = {"Stream": Stream, "as_stream": pool._as_stream, "live": live, "live_pop": live.pop,
+          "lock": pool._lock, "states_get": pool._states.get, "take": pool._take,
+          "allocate_slow": pool._allocate_slow, "deallocate_slow": pool._deallocate_slow,
+          "rescue": pool._rescue, "cache_block": pool._cache_block}
+    if events is None:
+        exec(_HOT_PLAIN, ns)
+    else:
+        ns.update(events=events, record=events.append, on_full=on_full, limit=limit)
+        exec(_HOT_COUNTING, ns)
+    return ns["allocate"], ns["deallocate"]
 
 
 class PoolResource(MemoryResource):
@@ -279,14 +294,18 @@ class PoolResource(MemoryResource):
         self._ordered = upstream.device_accessible
         if not self._ordered:
             self._states = _OneState()
-        a, d = _hot_paths(self)
-        _ALLOCATE.__set__(self, a)  # into the slots even when a subclass overrides the methods
-        _DEALLOCATE.__set__(self, d)  # (its override wins; super().allocate reaches these)
+        self._install_hot_paths()
         if initial:
             with self._lock:
                 st = self._state(DEFAULT_STREAM)
                 ptr = self._grow(initial, DEFAULT_STREAM, exact=True)
                 st.free.insert(ptr, initial, self._boundaries)
+
+    def _install_hot_paths(self) -> None:
+        """(Re)build the hot paths; a subclass that replaces ``_states`` or a hoisted method calls it."""
+        a, d = _hot_paths(self)
+        _ALLOCATE.__set__(self, a)  # into the slots even when a subclass overrides the methods
+        _DEALLOCATE.__set__(self, d)  # (its override wins; super().allocate reaches these)
 
     # -- properties -------------------------------------------------------------------------
     @property
