@@ -1,5 +1,6 @@
-"""Where the time of cupy.empty through mrkit goes (GPU): floors of CuPy's allocator hooks, mrkit's path,
-a profile. Diagnostic, not a benchmark of record."""
+"""Where the time of cupy.empty through mrkit goes (GPU): CuPy's allocator hooks with more and more of
+mrkit's work in them, measured in interleaved rounds (best of each), then a profile. Diagnostic, not a
+benchmark of record: ``python tools/probe_cupy.py``."""
 import cProfile
 import io
 import pstats
@@ -9,66 +10,75 @@ import cupy
 
 import mrkit
 import mrkit.cupy
-from mrkit import DeviceMemoryResource, PoolResource, StatisticsAdaptor
+from mrkit import DeviceMemoryResource, PoolResource
 
 
-def loop(n, count=20000):
+def loop(n, count):
     empty, u8 = cupy.empty, cupy.uint8
     for _ in range(count):
         empty(n, dtype=u8)
 
 
-def best(fn, reps=5, count=20000):
-    b = 1e9
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn(count)
-        b = min(b, (time.perf_counter() - t0) / count)
-    return b * 1e6
+def timed(fn, count=20000):
+    t0 = time.perf_counter()
+    fn(count)
+    return (time.perf_counter() - t0) / count * 1e6
 
 
-def with_alloc(alloc, n=256):
-    cupy.cuda.set_allocator(alloc)
-    loop(n, 1000)
-    r = best(lambda c: loop(n, c))
-    return r
+def main(n=256, rounds=5):
+    PFA = cupy.cuda.PythonFunctionAllocator
+    base = cupy.cuda.alloc(1 << 20)
+    bp = base.ptr
+    pool = PoolResource(DeviceMemoryResource(0))
+    s = mrkit.DEFAULT_STREAM
+    gs = cupy.cuda.get_current_stream
+    a, f = pool.allocate, pool.deallocate
+    sizes = {}
+
+    def m_stream(nb, d):
+        gs()
+        return bp
+
+    def m_pool(nb, d):
+        p = a(nb, s)
+        sizes[p] = nb
+        return p
+
+    def f_pool(p, d):
+        f(p, sizes.pop(p), s)
+
+    hooks = {
+        "cupy default pool": cupy.get_default_memory_pool().malloc,
+        "PFA trivial (fixed pointer)": PFA(lambda nb, d: bp, lambda p, d: None).malloc,
+        "PFA + get_current_stream": PFA(m_stream, lambda p, d: None).malloc,
+        "PFA + mrkit pool, fixed stream": PFA(m_pool, f_pool).malloc,
+        "mrkit.cupy.allocator(pool)": mrkit.cupy.allocator(pool),
+    }
+    raw = {
+        "get_current_stream() alone": lambda c: [gs() for _ in range(c)],
+        "mrkit pool pair alone": lambda c: [f(a(256, s), 256, s) for _ in range(c)],
+    }
+    best = {}
+    for _ in range(rounds):
+        for name, h in hooks.items():
+            cupy.cuda.set_allocator(h)
+            loop(n, 500)
+            best[name] = min(best.get(name, 1e9), timed(lambda c: loop(n, c)))
+        for name, fn in raw.items():
+            best[name] = min(best.get(name, 1e9), timed(fn))
+    ref = best["cupy default pool"]
+    for k, v in best.items():
+        print(f"{k:34s} {v:7.3f} us  {v / ref:5.2f}x of cupy default")
+    cupy.cuda.set_allocator(hooks["mrkit.cupy.allocator(pool)"])
+    pr = cProfile.Profile()
+    pr.enable()
+    loop(n, 20000)
+    pr.disable()
+    out = io.StringIO()
+    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(12)
+    print(out.getvalue())
+    cupy.cuda.set_allocator(hooks["cupy default pool"])
 
 
-default = cupy.get_default_memory_pool().malloc
-base = cupy.cuda.alloc(1 << 20)
-bp = base.ptr
-pool = PoolResource(DeviceMemoryResource(0))
-rows = {}
-rows["cupy default"] = with_alloc(default)
-rows["PFA trivial"] = with_alloc(cupy.cuda.PythonFunctionAllocator(lambda n, d: bp, lambda p, d: None).malloc)
-U, MP = cupy.cuda.UnownedMemory, cupy.cuda.MemoryPointer
-rows["Unowned trivial"] = with_alloc(lambda n: MP(U(bp, n, None, 0), 0))
-rows["mrkit pool (PFA)"] = with_alloc(mrkit.cupy.allocator(pool))
-rows["cupy default again"] = with_alloc(default)
-gs = cupy.cuda.get_current_stream
-rows["get_current_stream x1"] = best(lambda c: [gs() for _ in range(c)])
-s = mrkit.DEFAULT_STREAM
-a, f = pool.allocate, pool.deallocate
-def pairs(c):
-    for _ in range(c):
-        f(a(256, s), 256, s)
-rows["mrkit pool pair (no cupy)"] = best(pairs)
-st = StatisticsAdaptor(pool)
-a2, f2 = st.allocate, st.deallocate
-def pairs2(c):
-    for _ in range(c):
-        f2(a2(256, s), 256, s)
-for i in range(3):
-    rows[f"pool pair #{i}"] = best(pairs)
-    rows[f"stats pair #{i}"] = best(pairs2)
-for k, v in rows.items():
-    print(f"{k:32s} {v:.3f} us")
-cupy.cuda.set_allocator(mrkit.cupy.allocator(pool))
-pr = cProfile.Profile()
-pr.enable()
-loop(256, 20000)
-pr.disable()
-out = io.StringIO()
-pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(12)
-print(out.getvalue())
-cupy.cuda.set_allocator(default)
+if __name__ == "__main__":
+    main()

@@ -70,6 +70,12 @@ class _Coverage:
         self.starts: list[int] = []
         self.end: dict[int, int] = {}
 
+    def covers(self, lo: int, hi: int) -> bool:
+        """True when pages [lo, hi) are all mapped (one bisect: mapped pages are coalesced)."""
+        starts = self.starts
+        i = bisect_right(starts, lo) - 1
+        return i >= 0 and self.end[starts[i]] >= hi
+
     def gaps(self, lo: int, hi: int) -> list[tuple[int, int]]:
         starts, end = self.starts, self.end
         i = bisect_right(starts, lo) - 1
@@ -263,9 +269,12 @@ class VirtualMemoryResource(PoolResource):
     def _ensure_mapped(self, ptr: int, size: int) -> None:
         """Map every missing page of [ptr, ptr+size), in runs of up to ``max_mapping``, as one
         transaction: if any step fails, the runs mapped by this call are unmapped and released."""
-        drv, dev, page, base = self.driver, self.device_id, self.page, self.base
+        page, base = self.page, self.base
         first = (ptr - base) // page
         last = (ptr + size - 1 - base) // page
+        if self._cov.covers(first, last + 1):  # the common case once warm
+            return
+        drv, dev = self.driver, self.device_id
         runs = []  # the missing pages, cut into runs of at most max_mapping
         for a, b in self._cov.gaps(first, last + 1):
             while a < b:
