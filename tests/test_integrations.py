@@ -123,7 +123,10 @@ def _fake_cupy(calls):
         def malloc(self, size):
             return cuda.MemoryPointer(FunctionMemory(size, self._m, self._f, current["device"]), 0)
 
-    cuda.get_current_stream = lambda: current["s"]
+    def get_current_stream(device_id=-1):  # CuPy's: the current stream of a device (default: current)
+        return current["s"] if device_id in (-1, current["device"]) else FakeStream(0)
+
+    cuda.get_current_stream = get_current_stream
     cuda.MemoryPointer = lambda mem, offset: types.SimpleNamespace(mem=mem, ptr=mem.ptr + offset)
     cuda.PinnedMemoryPointer = lambda mem, offset: types.SimpleNamespace(mem=mem, ptr=mem.ptr + offset)
     cuda.PythonFunctionAllocator = PythonFunctionAllocator

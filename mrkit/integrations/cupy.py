@@ -77,7 +77,7 @@ def allocator(mr: MemoryResource | None = None):
         if device_id != device:
             raise ValueError(f"CuPy's current device is {device_id}, but this allocator serves device "
                              f"{device} ({mr!r})")
-        cs = get_stream()
+        cs = get_stream(device_id)  # the id CuPy passes: spares CuPy a cudaGetDevice
         ref, s = cell[0]  # the stream lookup, inlined: this runs on every cupy allocation
         if ref() is not cs:
             s = lookup(cs)
