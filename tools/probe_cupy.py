@@ -77,6 +77,7 @@ def main(n=256, rounds=5):
         st = states_get(st_.uid)
         lst = st.cache.get((nb + 255) & -256)
         if lst is None:
+            live[p] = nb
             f(p, nb, st_)  # first free of this size: the pool's own path
         else:
             lst.append(p)
