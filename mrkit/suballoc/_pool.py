@@ -1,6 +1,7 @@
 """``PoolResource``: a stream-ordered coalescing sub-allocator over any upstream resource."""
 from __future__ import annotations
 
+import linecache
 import threading
 import weakref
 from bisect import bisect_left, insort
@@ -199,9 +200,16 @@ def deallocate(ptr, nbytes, stream, alignment=256):
     with lock:
         cache_block(ptr, size, stream)
 """
-_HOT_PLAIN = compile("\n".join(ln for ln in _HOT_SOURCE.splitlines() if "#S" not in ln),
-                     "<mrkit pool hot path>", "exec")
-_HOT_COUNTING = compile(_HOT_SOURCE, "<mrkit pool hot path, counting>", "exec")
+
+
+def _compile_hot(source: str, name: str):
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)  # readable tracebacks
+    return compile(source, name, "exec")
+
+
+_HOT_PLAIN = _compile_hot("\n".join(ln for ln in _HOT_SOURCE.splitlines() if "#S" not in ln),
+                          "<mrkit pool hot path>")
+_HOT_COUNTING = _compile_hot(_HOT_SOURCE, "<mrkit pool hot path, counting>")
 
 
 def _hot_paths(pool: "PoolResource", events: list | None = None, on_full=None, limit: int = 0):
