@@ -268,7 +268,7 @@ class PoolResource(MemoryResource):
     twice and nothing is lost.
     """
 
-    # allocate/deallocate are per-instance closures (see _hot_paths), set in __init__
+    # allocate/deallocate are per-instance functions (see _hot_paths), set in __init__
     __slots__ = ("upstream", "driver", "device_id", "maximum_size", "growth_factor", "min_chunk",
                  "_lock", "_live", "_aligned", "_states", "_chunks", "_boundaries", "_held",
                  "_event", "_ordered", "allocate", "deallocate")
