@@ -194,6 +194,48 @@ def test_cupy_hooks_are_wired(sim, monkeypatch):
         mcupy.allocator(HostMemoryResource())
 
 
+def _fake_numba(monkeypatch):
+    """Numba's EMM interface as Numba documents it: an abstract base whose host-only subclass leaves
+    memalloc, initialize, get_ipc_handle, get_memory_info and interface_version abstract."""
+    import abc
+    import collections
+
+    class BaseCUDAMemoryManager(abc.ABC):
+        def __init__(self, *args, **kwargs):
+            self.context = kwargs.get("context")
+
+        for name in ("memalloc", "memhostalloc", "mempin", "initialize", "get_ipc_handle",
+                     "get_memory_info", "reset", "defer_cleanup"):
+            locals()[name] = abc.abstractmethod(lambda self, *a, **k: None)
+        interface_version = property(abc.abstractmethod(lambda self: None))
+        del name
+
+    class HostOnlyCUDAMemoryManager(BaseCUDAMemoryManager):
+        def memhostalloc(self, *a, **k): ...
+        def mempin(self, *a, **k): ...
+        def reset(self): ...
+        def defer_cleanup(self): ...
+
+    numba = types.ModuleType("numba")
+    cuda = types.ModuleType("numba.cuda")
+    cuda.HostOnlyCUDAMemoryManager = HostOnlyCUDAMemoryManager
+    cuda.MemoryInfo = collections.namedtuple("MemoryInfo", "free total")
+    cuda.MemoryPointer = lambda *a, **k: (a, k)
+    numba.cuda = cuda
+    for name, mod in (("numba", numba), ("numba.cuda", cuda)):
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+def test_numba_plugin_implements_numbas_whole_interface(monkeypatch):
+    from mrkit.integrations.numba import make_manager_class
+    _fake_numba(monkeypatch)
+    cls = make_manager_class()
+    assert not cls.__abstractmethods__, cls.__abstractmethods__
+    mgr = cls(context=None)  # what numba.cuda.set_memory_manager does to check a plugin
+    assert mgr.interface_version == 1
+    mgr.initialize()
+
+
 def test_numba_plugin_module_is_lazy():
     import mrkit.numba  # importing it needs no numba
     assert "numba" not in sys.modules or hasattr(mrkit.numba, "__getattr__")

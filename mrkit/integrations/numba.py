@@ -28,6 +28,10 @@ def make_manager_class():
         (Numba's EMM interface has no stream); each is owned by a :class:`~mrkit.Buffer` released by
         Numba's finalizer."""
 
+        def initialize(self):
+            """Nothing to set up (each allocation asks for the current resource); Numba's interface
+            declares this method abstract, so the plugin must define it."""
+
         def memalloc(self, size):
             mr = get_current_resource(self.context.device.id)
             buf = Buffer(mr.allocate(size, DEFAULT_STREAM), size, mr, DEFAULT_STREAM)
