@@ -194,6 +194,34 @@ def test_cupy_hooks_are_wired(sim, monkeypatch):
         mcupy.allocator(HostMemoryResource())
 
 
+def test_cupy_hooks_over_a_pool_are_the_pools_hot_path(sim, monkeypatch):
+    fake = _fake_cupy([])
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    import mrkit.cupy as mcupy
+
+    pool = PoolResource(mrkit.DeviceMemoryResource())
+    fn = mcupy.allocator(pool)
+    assert fn.__self__._m.__code__.co_filename == "<mrkit pool hot path, allocator hook>"
+    mp = fn(1000)  # on CuPy's null stream
+    s = Stream.create()
+    fake._current["s"] = fake._Stream(s.handle)
+    mp2 = fn(1000)  # on s
+    assert pool.live_bytes == 2000
+    p1, p2 = mp.ptr, mp2.ptr
+    fake._current["s"] = fake._Stream(0)
+    del mp, mp2  # CuPy frees with no stream: each block goes back to its own stream's cache
+    assert pool.live_bytes == 0
+    assert fn(1000).ptr == p1  # the null stream gets back only what was freed on it
+    fake._current["s"] = fake._Stream(s.handle)
+    assert fn(1000).ptr == p2
+    fake._current["device"] = 1
+    with pytest.raises(ValueError, match="current device is 1"):
+        fn(64)
+    assert pool.live_bytes == 0
+    with pytest.raises(ValueError, match="does not hold"):
+        fn.__self__._f(0xdead00, 0)
+
+
 def _fake_numba(monkeypatch):
     """Numba's EMM interface as Numba documents it: an abstract base whose host-only subclass leaves
     memalloc, initialize, get_ipc_handle, get_memory_info and interface_version abstract."""

@@ -5,13 +5,12 @@ import cProfile
 import io
 import pstats
 import time
-import weakref
 
 import cupy
 
 import mrkit
 import mrkit.cupy
-from mrkit import DeviceMemoryResource, PoolResource
+from mrkit import DeviceMemoryResource, LimitingAdaptor, PoolResource
 
 
 def loop(n, count):
@@ -48,47 +47,13 @@ def main(n=256, rounds=5):
     def f_pool(p, d):
         f(p, sizes.pop(p), s)
 
-    # the pool's cache-hit path written into the CuPy hooks (an experiment: what fusing would gain)
-    live, states_get, uid = pool._live, pool._states.get, s.uid
-    cell = [(lambda: None, s)]
-    where = {}
-
-    def m_fused(nb, d):
-        cs = gs(d)
-        ref, st_ = cell[0]
-        if ref() is not cs:
-            cell[0] = (weakref.ref(cs), mrkit.as_stream(cs))
-            st_ = cell[0][1]
-        st = states_get(st_.uid)
-        if st is not None:
-            lst = st.cache.get((nb + 255) & -256)
-            if lst:
-                p = lst.pop()
-                live[p] = nb
-                where[p] = st_
-                return p
-        p = a(nb, st_)
-        where[p] = st_
-        return p
-
-    def f_fused(p, d):
-        st_ = where.pop(p)
-        nb = live.pop(p)
-        st = states_get(st_.uid)
-        lst = st.cache.get((nb + 255) & -256)
-        if lst is None:
-            live[p] = nb
-            f(p, nb, st_)  # first free of this size: the pool's own path
-        else:
-            lst.append(p)
-
     hooks = {
         "cupy default pool": cupy.get_default_memory_pool().malloc,
         "PFA trivial (fixed pointer)": PFA(lambda nb, d: bp, lambda p, d: None).malloc,
         "PFA + get_current_stream": PFA(m_stream, lambda p, d: None).malloc,
-        "PFA + mrkit pool, fixed stream": PFA(m_pool, f_pool).malloc,
+        "PFA + mrkit pool calls, fixed stream": PFA(m_pool, f_pool).malloc,
         "mrkit.cupy.allocator(pool)": mrkit.cupy.allocator(pool),
-        "PFA + pool hit path fused (experiment)": PFA(m_fused, f_fused).malloc,
+        "mrkit.cupy.allocator(any resource)": mrkit.cupy.allocator(LimitingAdaptor(pool, "64 GiB")),
     }
     raw = {
         "get_current_stream() alone": lambda c: [gs() for _ in range(c)],

@@ -6,8 +6,8 @@ reference.
 
 The device allocator is built on CuPy's ``PythonFunctionAllocator``: CuPy's own (compiled) memory
 object calls mrkit's ``malloc(size, device_id)`` and, when CuPy drops it, ``free(ptr, device_id)``.
-mrkit remembers each block's size and stream in one dict entry, so the hot path creates no Python
-object besides CuPy's own two. (``PythonFunctionAllocator`` exists in every CuPy the ``cupy`` and
+Over a pool those two are the pool's hot path itself (see ``PoolResource``); mrkit remembers each
+block's stream, so the hot path creates no Python object besides CuPy's own two. (``PythonFunctionAllocator`` exists in every CuPy the ``cupy`` and
 ``cupy12`` extras install.)
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 from .._resource import Buffer, MemoryResource, get_current_resource
 from .._stream import DEFAULT_STREAM, as_stream
+from ..suballoc._pool import fused_paths
 
 __all__ = ["allocator", "pinned_allocator", "install", "install_pinned", "using_allocator", "resource_of"]
 
@@ -62,6 +63,9 @@ def allocator(mr: MemoryResource | None = None):
 
     The allocator serves the device of ``mr``; allocating while another device is current raises
     ``ValueError`` (install one allocator per device with ``cupy.cuda.Device(i)`` blocks if needed).
+    Over a :class:`~mrkit.PoolResource` the hooks CuPy calls are the pool's own hot path, in the
+    variant that finds the stream itself and remembers each block's stream (no Python call of
+    mrkit's in between); over any other resource they call its ``allocate``/``deallocate``.
     """
     cupy = _cupy()
     mr = mr or get_current_resource()
@@ -70,13 +74,32 @@ def allocator(mr: MemoryResource | None = None):
     device = mr.device_id or 0
     get_stream = cupy.cuda.get_current_stream
     cell, lookup = _stream_lookup()
+
+    def wrong_device(device_id: int):
+        raise ValueError(f"CuPy's current device is {device_id}, but this allocator serves device "
+                         f"{device} ({mr!r})")
+
+    def foreign_free(ptr: int) -> None:
+        if not _exiting:
+            raise ValueError(f"CuPy freed {ptr:#x}, which this allocator does not hold")
+
+    hooks = fused_paths(mr, "hook", device=device, wrong_device=wrong_device, current_stream=get_stream,
+                        seen=cell, remember=lookup, foreign_free=foreign_free)
+    if hooks is None:
+        hooks = _generic_hooks(mr, device, get_stream, cell, lookup, wrong_device, foreign_free)
+    owner = _allocator_class(cupy.cuda.PythonFunctionAllocator)(*hooks)
+    owner.resource = mr
+    return owner.malloc  # CuPy calls this bound (compiled) method directly
+
+
+def _generic_hooks(mr, device, get_stream, cell, lookup, wrong_device, foreign_free):
+    """CuPy's ``malloc(nbytes, device_id)`` and ``free(ptr, device_id)`` over any resource."""
     alloc, dealloc = mr.allocate, mr.deallocate
     live: dict[int, tuple] = {}  # ptr -> (nbytes, stream): each entry written once and popped once
 
-    def _malloc(nbytes: int, device_id: int) -> int:
+    def malloc(nbytes: int, device_id: int) -> int:
         if device_id != device:
-            raise ValueError(f"CuPy's current device is {device_id}, but this allocator serves device "
-                             f"{device} ({mr!r})")
+            wrong_device(device_id)
         cs = get_stream(device_id)  # the id CuPy passes: spares CuPy a cudaGetDevice
         ref, s = cell[0]  # the stream lookup, inlined: this runs on every cupy allocation
         if ref() is not cs:
@@ -85,21 +108,16 @@ def allocator(mr: MemoryResource | None = None):
         live[ptr] = (nbytes, s)
         return ptr
 
-    def _free(ptr: int, device_id: int) -> None:
+    def free(ptr: int, device_id: int) -> None:
         entry = live.pop(ptr, None)
         if entry is None:
-            if _exiting:
-                return
-            raise ValueError(f"CuPy freed {ptr:#x}, which this allocator does not hold")
+            return foreign_free(ptr)
         try:
             dealloc(ptr, entry[0], entry[1])
         except Exception:
             if not _exiting:
                 raise
-
-    owner = _allocator_class(cupy.cuda.PythonFunctionAllocator)(_malloc, _free)
-    owner.resource = mr
-    return owner.malloc  # CuPy calls this bound (compiled) method directly
+    return malloc, free
 
 
 _classes: dict = {}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import linecache
+import re
 import threading
 import weakref
 from bisect import bisect_left, insort
@@ -130,16 +131,28 @@ class _OneState(dict):
         return dict.get(self, 0, default)
 
 
-# The pool's hot path, written once. Lines ending in "#S" record statistics events; they are kept
-# only in the variant built for StatisticsAdaptor (see fused_paths), so the plain pool pays nothing.
+# The pool's hot path, written once and compiled in three variants. Untagged lines are in all of them;
+# a line tagged "#E" is in the two with an explicit stream (the pool's own methods), "#S" adds
+# statistics events (the variant StatisticsAdaptor fuses in), "#H" is in the variant for allocator hooks
+# that name no stream and free by pointer alone (CuPy's): it looks up the caller's current stream and
+# remembers each block's stream until it is freed.
 _HOT_SOURCE = """
-def allocate(nbytes, stream, alignment=256):
-    if type(stream) is not Stream:
-        stream = as_stream(stream)
+def allocate(nbytes, stream, alignment=256):  #E
+    if type(stream) is not Stream:  #E
+        stream = as_stream(stream)  #E
+def allocate(nbytes, device_id, alignment=256):  #H
+    if device_id != device:  #H
+        wrong_device(device_id)  #H
+    cs = current_stream(device_id)  #H
+    ref, stream = seen[0]  #H
+    if ref() is not cs:  #H
+        stream = remember(cs)  #H
     if type(nbytes) is not int or nbytes <= 0 or alignment != 256:
         ptr = allocate_slow(nbytes, stream, alignment)
         if ptr:  #S
             record(nbytes)  #S
+        if ptr:  #H
+            where[ptr] = stream  #H
         return ptr
     size = (nbytes + 255) & -256
     st = states_get(stream.uid)
@@ -153,17 +166,24 @@ def allocate(nbytes, stream, alignment=256):
             else:
                 live[ptr] = nbytes
                 record(nbytes)  #S
+                where[ptr] = stream  #H
                 return ptr
     with lock:
         ptr = take(size, stream, st)
         live[ptr] = nbytes
     record(nbytes)  #S
+    where[ptr] = stream  #H
     return ptr
 
 
-def deallocate(ptr, nbytes, stream, alignment=256):
-    if type(stream) is not Stream:
-        stream = as_stream(stream)
+def deallocate(ptr, nbytes, stream, alignment=256):  #E
+    if type(stream) is not Stream:  #E
+        stream = as_stream(stream)  #E
+def deallocate(ptr, device_id, alignment=256):  #H
+    stream = where_pop(ptr, None)  #H
+    if stream is None:  #H
+        return foreign_free(ptr)  #H
+    nbytes = live_get(ptr, -1)  #H
     n = live_pop(ptr, None)
     if n != nbytes or alignment > 256:
         if n is not None:
@@ -202,36 +222,48 @@ def deallocate(ptr, nbytes, stream, alignment=256):
 """
 
 
-def _compile_hot(source: str, name: str):
+_TAG = re.compile(r"  #([ESH])(?:\s|$)")
+
+
+def _compile_hot(tags: str, name: str):
+    lines = [ln for ln in _HOT_SOURCE.splitlines() if (m := _TAG.search(ln)) is None or m.group(1) in tags]
+    source = "\n".join(lines) + "\n"
     linecache.cache[name] = (len(source), None, source.splitlines(True), name)  # readable tracebacks
     return compile(source, name, "exec")
 
 
-_HOT_PLAIN = _compile_hot("\n".join(ln for ln in _HOT_SOURCE.splitlines() if "#S" not in ln),
-                          "<mrkit pool hot path>")
-_HOT_COUNTING = _compile_hot(_HOT_SOURCE, "<mrkit pool hot path, counting>")
+_HOT_VARIANTS = {"plain": _compile_hot("E", "<mrkit pool hot path>"),
+                 "counting": _compile_hot("ES", "<mrkit pool hot path, counting>"),
+                 "hook": _compile_hot("H", "<mrkit pool hot path, allocator hook>")}
 
 
-def _hot_paths(pool: "PoolResource", events: list | None = None, on_full=None, limit: int = 0):
-    """The pool's ``allocate`` and ``deallocate``: functions whose globals are the pool's own
-    structures and bound methods, so a call makes no attribute look-up on ``self``. With ``events``,
-    each successful call also appends ``+nbytes`` or ``-nbytes`` to it, and ``on_full()`` runs when a
-    free finds more than ``limit`` pending: that is how :class:`~mrkit.StatisticsAdaptor` counts over
-    a pool without a Python frame of its own.
+def _hot_paths(pool: "PoolResource", variant: str = "plain", **names):
+    """The pool's ``allocate`` and ``deallocate`` in one of the variants of ``_HOT_SOURCE``: functions
+    whose globals are the pool's own structures and bound methods (so a call makes no attribute look-up
+    on ``self``) plus ``names``, the variant's own:
+
+    * ``counting``: ``record`` (appends ``+nbytes``/``-nbytes`` per successful call), ``events`` (the
+      list it appends to), ``on_full`` and ``limit`` (``on_full()`` runs when a free finds more than
+      ``limit`` events pending) — how :class:`~mrkit.StatisticsAdaptor` counts without a frame of its own;
+    * ``hook``: ``allocate(nbytes, device_id)`` and ``deallocate(ptr, device_id)`` for CuPy's
+      ``PythonFunctionAllocator``: ``device``, ``wrong_device(device_id)`` (raises), ``current_stream(
+      device_id)``, ``seen`` (a one-element list holding ``(weakref to the last stream object, its mrkit
+      Stream)``), ``remember(stream_object)`` (converts and updates ``seen``), ``where`` (ptr -> stream,
+      kept by the pool) and ``foreign_free(ptr)`` (a pointer it never handed out).
 
     Cache hits take no lock: a list pop, a list append and dict stores are each atomic, every block
     is popped by exactly one thread, and anything that restructures the caches holds the lock and
     drains lists with atomic pops (see _StreamState.flush)."""
     live = pool._live
     ns = {"Stream": Stream, "as_stream": pool._as_stream, "live": live, "live_pop": live.pop,
-          "lock": pool._lock, "states_get": pool._states.get, "take": pool._take,
+          "live_get": live.get, "lock": pool._lock, "states_get": pool._states.get, "take": pool._take,
           "allocate_slow": pool._allocate_slow, "deallocate_slow": pool._deallocate_slow,
           "rescue": pool._rescue, "cache_block": pool._cache_block}
-    if events is None:
-        exec(_HOT_PLAIN, ns)
-    else:
-        ns.update(events=events, record=events.append, on_full=on_full, limit=limit)
-        exec(_HOT_COUNTING, ns)
+    if variant == "hook":
+        names.setdefault("where", {})
+        names["where_pop"] = names["where"].pop
+    ns.update(names)
+    exec(_HOT_VARIANTS[variant], ns)
     return ns["allocate"], ns["deallocate"]
 
 
@@ -618,10 +650,10 @@ _ALLOCATE = PoolResource.__dict__["allocate"]
 _DEALLOCATE = PoolResource.__dict__["deallocate"]
 
 
-def fused_paths(upstream, events: list, on_full, limit: int):
-    """``(allocate, deallocate)`` of ``upstream`` recording into ``events`` (see :func:`_hot_paths`),
-    or ``None`` when ``upstream`` is not a pool whose hot path is the stock one."""
+def fused_paths(upstream, variant: str, **names):
+    """``(allocate, deallocate)`` of ``upstream`` in ``variant`` (see :func:`_hot_paths`), or ``None``
+    when ``upstream`` is not a pool whose hot path is the stock one."""
     cls = type(upstream)
     if getattr(cls, "allocate", None) is _ALLOCATE and getattr(cls, "deallocate", None) is _DEALLOCATE:
-        return _hot_paths(upstream, events, on_full, limit)
+        return _hot_paths(upstream, variant, **names)
     return None
