@@ -7,8 +7,8 @@ reference.
 The device allocator is built on CuPy's ``PythonFunctionAllocator``: CuPy's own (compiled) memory
 object calls mrkit's ``malloc(size, device_id)`` and, when CuPy drops it, ``free(ptr, device_id)``.
 Over a pool those two are the pool's hot path itself (see ``PoolResource``); mrkit remembers each
-block's stream, so the hot path creates no Python object besides CuPy's own two. (``PythonFunctionAllocator`` exists in every CuPy the ``cupy`` and
-``cupy12`` extras install.)
+block's stream, so the hot path creates no Python object besides CuPy's own two.
+(``PythonFunctionAllocator`` exists in every CuPy the ``cupy`` and ``cupy12`` extras install.)
 """
 from __future__ import annotations
 
