@@ -22,9 +22,12 @@ def _env(**extra):
     return env
 
 
-def test_cupy_workloads_on_several_streams_match_numpy(gpu):
+@pytest.mark.parametrize("stack", ["pool (the pool's own hot path as CuPy's hooks)",
+                                   "statistics(pool) (generic hooks)"])
+def test_cupy_workloads_on_several_streams_match_numpy(gpu, stack):
     cupy = pytest.importorskip("cupy")
-    mr = StatisticsAdaptor(PoolResource(DeviceMemoryResource(0, driver=gpu)))
+    pool = PoolResource(DeviceMemoryResource(0, driver=gpu))
+    mr = pool if stack.startswith("pool") else StatisticsAdaptor(pool)
     old = cupy.cuda.get_allocator()
     mrkit.cupy.install(mr)
     try:
@@ -40,7 +43,9 @@ def test_cupy_workloads_on_several_streams_match_numpy(gpu):
                 for name, (got, want) in results.items():
                     np.testing.assert_allclose(cupy.asnumpy(got), want, rtol=2e-3, atol=2e-3, err_msg=name)
             cs.synchronize()
-        assert mr.statistics.total_count >= 12 * 6
+        assert mrkit.cupy.resource_of() is mr and pool.pool_size > 0  # mrkit served CuPy
+        if mr is not pool:
+            assert mr.statistics.total_count >= 12 * 6
     finally:
         cupy.cuda.set_allocator(old)
     gc.collect()
