@@ -8,7 +8,7 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev}
 python3 -m mrkit info > "$OUT/info.txt" 2>&1
 timeout 60 python3 -m mrkit demo >> "$OUT/info.txt" 2>&1
-timeout ${TEST_BUDGET:-300} python3 -m pytest -q -p no:cacheprovider --timeout=90 -rxs tests/ > "$OUT/pytest.txt" 2>&1
+timeout ${TEST_BUDGET:-300} python3 -X faulthandler -m pytest -q -p no:cacheprovider --timeout=90 -rxs tests/ > "$OUT/pytest.txt" 2>&1
 tail -25 "$OUT/pytest.txt"
 timeout ${BENCH_BUDGET:-200} python3 benchmarks/bench_pool.py ${BENCH_ARGS:-} --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
 tail -20 "$OUT/bench.txt"
