@@ -163,11 +163,9 @@ class VirtualMemoryResource(PoolResource):
             raise ValueError(f"page_size {page} must be a multiple of the allocation granularity {gran}")
         reserve = opts.reserve_size or 2 * drv.device_total_mem(device)
         reserve = -(-reserve // page) * page
-        # The pool machinery needs an upstream only for its properties; chunks come from _grow below.
+        # The pool machinery needs an upstream only to exist (this class answers the properties, so
+        # the pool is stream ordered); chunks come from _grow below.
         super().__init__(HostMemoryResource(), min_chunk=page, growth_factor=0.0, driver=drv)
-        self._ordered = True
-        self._states = {}
-        self._install_hot_paths()  # the hot paths hoist the states table
         self.device_id = device
         self.options, self.page, self.reserve_size = opts, page, reserve
         self._location = location
@@ -281,8 +279,6 @@ class VirtualMemoryResource(PoolResource):
                 n = min(b - a, self._run_pages)
                 runs.append((a, n))
                 a += n
-        if not runs:
-            return
         done: list[tuple[int, int, int]] = []
         try:
             for start, n in runs:

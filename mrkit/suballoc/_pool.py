@@ -183,8 +183,8 @@ def deallocate(ptr, device_id, alignment=256):  #H
     stream = where_pop(ptr, None)  #H
     if stream is None:  #H
         return foreign_free(ptr)  #H
-    nbytes = live_get(ptr, -1)  #H
     n = live_pop(ptr, None)
+    nbytes = -1 if n is None else n  #H  (-1: not live, so the slow path names the bad pointer)
     if n != nbytes or alignment > 256:
         if n is not None:
             live[ptr] = n
@@ -242,26 +242,28 @@ def _hot_paths(pool: "PoolResource", variant: str = "plain", **names):
     whose globals are the pool's own structures and bound methods (so a call makes no attribute look-up
     on ``self``) plus ``names``, the variant's own:
 
-    * ``counting``: ``record`` (appends ``+nbytes``/``-nbytes`` per successful call), ``events`` (the
-      list it appends to), ``on_full`` and ``limit`` (``on_full()`` runs when a free finds more than
-      ``limit`` events pending) — how :class:`~mrkit.StatisticsAdaptor` counts without a frame of its own;
+    * ``counting``: ``events`` (the list each successful call appends ``+nbytes``/``-nbytes`` to),
+      ``on_full`` and ``limit`` (``on_full()`` runs when a free finds more than ``limit`` events
+      pending) — how :class:`~mrkit.StatisticsAdaptor` counts without a frame of its own;
     * ``hook``: ``allocate(nbytes, device_id)`` and ``deallocate(ptr, device_id)`` for CuPy's
       ``PythonFunctionAllocator``: ``device``, ``wrong_device(device_id)`` (raises), ``current_stream(
       device_id)``, ``seen`` (a one-element list holding ``(weakref to the last stream object, its mrkit
-      Stream)``), ``remember(stream_object)`` (converts and updates ``seen``), ``where`` (ptr -> stream,
-      kept by the pool) and ``foreign_free(ptr)`` (a pointer it never handed out).
+      Stream)``), ``remember(stream_object)`` (converts and updates ``seen``) and ``foreign_free(ptr)``
+      (a pointer it never handed out); the variant keeps each live block's stream itself.
 
     Cache hits take no lock: a list pop, a list append and dict stores are each atomic, every block
     is popped by exactly one thread, and anything that restructures the caches holds the lock and
     drains lists with atomic pops (see _StreamState.flush)."""
     live = pool._live
     ns = {"Stream": Stream, "as_stream": pool._as_stream, "live": live, "live_pop": live.pop,
-          "live_get": live.get, "lock": pool._lock, "states_get": pool._states.get, "take": pool._take,
+          "lock": pool._lock, "states_get": pool._states.get, "take": pool._take,
           "allocate_slow": pool._allocate_slow, "deallocate_slow": pool._deallocate_slow,
           "rescue": pool._rescue, "cache_block": pool._cache_block}
-    if variant == "hook":
-        names.setdefault("where", {})
-        names["where_pop"] = names["where"].pop
+    if variant == "counting":
+        names["record"] = names["events"].append
+    elif variant == "hook":
+        where = names["where"] = {}
+        names["where_pop"] = where.pop
     ns.update(names)
     exec(_HOT_VARIANTS[variant], ns)
     return ns["allocate"], ns["deallocate"]
@@ -331,21 +333,17 @@ class PoolResource(MemoryResource):
         self._event = None
         # Host-only memory is not stream ordered: one shared free list for every stream (the hot
         # paths look states up by stream id; for these pools every id finds the one state).
-        self._ordered = upstream.device_accessible
+        self._ordered = self.device_accessible  # the upstream's, unless a subclass says otherwise
         if not self._ordered:
             self._states = _OneState()
-        self._install_hot_paths()
+        a, d = _hot_paths(self)
+        _ALLOCATE.__set__(self, a)  # into the slots even when a subclass overrides the methods
+        _DEALLOCATE.__set__(self, d)  # (its override wins; super().allocate reaches these)
         if initial:
             with self._lock:
                 st = self._state(DEFAULT_STREAM)
                 ptr = self._grow(initial, DEFAULT_STREAM, exact=True)
                 st.free.insert(ptr, initial, self._boundaries)
-
-    def _install_hot_paths(self) -> None:
-        """(Re)build the hot paths; a subclass that replaces ``_states`` or a hoisted method calls it."""
-        a, d = _hot_paths(self)
-        _ALLOCATE.__set__(self, a)  # into the slots even when a subclass overrides the methods
-        _DEALLOCATE.__set__(self, d)  # (its override wins; super().allocate reaches these)
 
     # -- properties -------------------------------------------------------------------------
     @property
