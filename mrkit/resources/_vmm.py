@@ -148,7 +148,7 @@ class VirtualMemoryResource(PoolResource):
     """
 
     __slots__ = ("options", "page", "base", "reserve_size", "_top", "_maps", "_cov", "_mapped",
-                 "_mapped_high", "_run_pages", "_pending", "_pending_bytes", "_location")
+                 "_mapped_high", "_run_pages", "_pending", "_pending_bytes", "_location", "_auto_release")
 
     def __init__(self, device: int = 0, options: VirtualMemoryResourceOptions | None = None, *,
                  driver: Driver | None = None) -> None:
@@ -179,6 +179,7 @@ class VirtualMemoryResource(PoolResource):
         self._run_pages = max(1, opts.max_mapping // page)
         self._pending: list = []  # (event, stream, runs) set aside by a non-blocking release
         self._pending_bytes = 0  # mapped bytes in those runs
+        self._auto_release = opts.release_threshold is not None or opts.release_fraction is not None
 
     # -- properties ---------------------------------------------------------------------------
     device_accessible = True
@@ -237,32 +238,57 @@ class VirtualMemoryResource(PoolResource):
         return st.free.take(size, st.free.end.get(self._top))
 
     def _take(self, size, stream, st):
+        # The warm case, inlined (it is most of a random-size workload's time): something is live,
+        # the stream's own free memory has a fit, and its pages are mapped.
+        if st is not None and (self._live or self._aligned):
+            if st.cache:
+                st.flush(self._boundaries)
+            free = st.free
+            ptr = free.take(size, free.end.get(self._top))
+            if ptr is not None:
+                base, page, cov = self.base, self.page, self._cov
+                starts = cov.starts
+                i = bisect_right(starts, (ptr - base) // page) - 1
+                if i < 0 or cov.end[starts[i]] < (ptr + size - 1 - base) // page + 1:
+                    ptr = self._map_or_retry(ptr, size, stream)
+                if self._auto_release:
+                    self._release_excess(size)
+                return ptr
         if not self._live and not self._aligned:
             # nothing is live: coalesce every stream's cached blocks first, so that a workload that
             # starts again from empty starts from the same layout (one free range per stream)
             for other in self._states.values():
                 other.flush(self._boundaries)
-        for retry in (False, True):  # out of memory while mapping: trim once and try again
-            ptr = super()._take(size, stream, self._states.get(stream.uid) if retry else st)
+        ptr = self._map_or_retry(super()._take(size, stream, st), size, stream)
+        if self._auto_release:
+            self._release_excess(size)
+        return ptr
+
+    def _map_or_retry(self, ptr, size, stream):
+        """Map the block's missing pages; out of memory: put it back, trim once, take again."""
+        for retry in (False, True):
+            if retry:
+                self._trim_locked()
+                ptr = super()._take(size, stream, self._states.get(stream.uid))
             try:
                 self._ensure_mapped(ptr, size)
-                break
+                return ptr
             except BaseException as exc:
                 self._state(stream).free.insert(ptr, size, self._boundaries)
                 if retry or not isinstance(exc, OutOfMemoryError):
                     raise
-                self._trim_locked()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _release_excess(self, size):
         opts = self.options
-        if opts.release_threshold is not None or opts.release_fraction is not None:
-            live = self._live_total()
-            free = self._mapped - self._pending_bytes - live - size  # free mapped, not yet set aside
-            limit = min(opts.release_threshold if opts.release_threshold is not None else free,
-                        int(opts.release_fraction * live) if opts.release_fraction is not None else free)
-            if free > limit:
-                # release down to half the limit (hysteresis: the next few frees do not trigger again),
-                # from the top of the range down, so the mapped memory stays packed at the bottom
-                self._release_async(free - limit // 2)
-        return ptr
+        live = self._live_total()
+        free = self._mapped - self._pending_bytes - live - size  # free mapped, not yet set aside
+        limit = min(opts.release_threshold if opts.release_threshold is not None else free,
+                    int(opts.release_fraction * live) if opts.release_fraction is not None else free)
+        if free > limit:
+            # release down to half the limit (hysteresis: the next few frees do not trigger again),
+            # from the top of the range down, so the mapped memory stays packed at the bottom
+            self._release_async(free - limit // 2)
 
     def _ensure_mapped(self, ptr: int, size: int) -> None:
         """Map every missing page of [ptr, ptr+size), in runs of up to ``max_mapping``, as one

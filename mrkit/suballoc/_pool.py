@@ -40,19 +40,24 @@ class _FreeList:
         del self.end[ptr + size]
 
     def insert(self, ptr: int, size: int, boundaries) -> None:
+        # _remove and _add inlined: this runs for every block that reaches the free list
+        sizes, start, end = self.sizes, self.start, self.end
         nxt = ptr + size
-        if nxt not in boundaries:
-            nsize = self.start.get(nxt)
-            if nsize is not None:
-                self._remove(nxt, nsize)
-                size += nsize
-        if ptr not in boundaries:
-            prev = self.end.get(ptr)
-            if prev is not None:
-                psize = self.start[prev]
-                self._remove(prev, psize)
-                ptr, size = prev, size + psize
-        self._add(ptr, size)
+        nsize = start.get(nxt)
+        if nsize is not None and nxt not in boundaries:
+            del sizes[bisect_left(sizes, (nsize, nxt))]
+            del start[nxt]
+            del end[nxt + nsize]
+            size += nsize
+        prev = end.get(ptr)
+        if prev is not None and ptr not in boundaries:
+            psize = start.pop(prev)
+            del sizes[bisect_left(sizes, (psize, prev))]
+            del end[ptr]
+            ptr, size = prev, size + psize
+        insort(sizes, (size, ptr))
+        start[ptr] = size
+        end[ptr + size] = ptr
 
     def take(self, size: int, spare: int | None = None) -> int | None:
         """Best fit; the block at ``spare`` only when nothing else fits."""
@@ -113,9 +118,15 @@ class _StreamState:
         free = self.free
         old, self.cache = self.cache, {}
         # list(): a lock-free free may still add a key to the old dict (it then rescues its block)
+        insert = free.insert
         for size, ptrs in list(old.items()):
-            for p in _drain(ptrs):
-                free.insert(p, size, boundaries)
+            pop = ptrs.pop
+            while ptrs:  # atomic pops (see _drain), inlined
+                try:
+                    p = pop()
+                except IndexError:
+                    break
+                insert(p, size, boundaries)
 
     def empty(self) -> bool:
         return not self.free.sizes and not any(list(self.cache.values()))
