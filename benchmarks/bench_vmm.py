@@ -41,6 +41,7 @@ def run(alloc, free, physical, steps, passes=2):
     (warm: the allocator has seen the workload once, as in a training loop's second iteration)."""
     peak_live = peak_phys = 0
     times = []
+    sizes = {k: n for kind, n, k in steps if kind == "a"}
     for _ in range(passes):
         handles, cur = {}, 0
         t0 = time.perf_counter()
@@ -55,23 +56,16 @@ def run(alloc, free, physical, steps, passes=2):
         times.append((time.perf_counter() - t0) * 1e6 / len(steps))
         peak_phys = max(peak_phys, physical())
         for k, h in list(handles.items()):
-            free(h, None)
+            free(h, sizes[k])
     return peak_phys / peak_live, times[0], times[-1]
 
 
 def _mrkit_run(mr, physical, steps):
     import mrkit
     s = mrkit.DEFAULT_STREAM
-    sizes = {}
-
-    def alloc(n):
-        p = mr.allocate(n, s)
-        sizes[p] = n
-        return p
-
-    def free(p, n):
-        mr.deallocate(p, sizes.pop(p), s)
-    return run(alloc, free, physical, steps)
+    allocate, deallocate = mr.allocate, mr.deallocate
+    # one Python call between the workload and the allocator, as for the peers below
+    return run(lambda n: allocate(n, s), lambda p, n: deallocate(p, n, s), physical, steps)
 
 
 def mrkit_vmm(steps, **options):
@@ -79,7 +73,7 @@ def mrkit_vmm(steps, **options):
     mr = mrkit.VirtualMemoryResource(0, mrkit.VirtualMemoryResourceOptions(reserve_size=256 * GiB, **options))
     r = _mrkit_run(mr, lambda: mr.mapped_high, steps)
     mr.close()
-    return r
+    return r + (getattr(mr, "moves", 0),)
 
 
 def mrkit_driver_pool(steps):
@@ -112,6 +106,7 @@ def torch_caching(steps):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", type=int, default=600)
+    ap.add_argument("--json", help="also write the results to this file")
     ap.add_argument("--only-torch", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--max-size", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -125,6 +120,9 @@ def main(argv=None):
         label = f"up to {max_size // GiB} GiB"
         r = rows.setdefault(label, {})
         r["mrkit vmm (default: no automatic release)"] = mrkit_vmm(steps)
+        r["mrkit vmm (footprint_limit=1.05: moves free pages)"] = mrkit_vmm(steps, footprint_limit=1.05)
+        r["mrkit vmm (footprint_limit=1.09, max_mapping=256 MiB)"] = mrkit_vmm(
+            steps, footprint_limit=1.09, max_mapping="256 MiB")
         r["mrkit vmm (release past 0)"] = mrkit_vmm(steps, release_threshold=0)
         r["mrkit vmm (release past 10% of live)"] = mrkit_vmm(steps, release_fraction=0.1)
         r["driver pool (mrkit DeviceMemoryResource)"] = mrkit_driver_pool(steps)
@@ -140,14 +138,20 @@ def main(argv=None):
             r["torch expandable segments"] = tuple(json.loads(out.stdout.strip().splitlines()[-1]))
         except Exception as exc:  # noqa: BLE001
             print("torch:", exc, file=sys.stderr)
-    print("| allocator | " + " | ".join(f"{k}: peak physical / peak live | us/op cold | us/op warm"
+    print("| allocator | " + " | ".join(f"{k}: peak physical / peak live | us/op cold | us/op warm | moves"
                                         for k in rows) + " |")
-    print("|---" * (1 + 3 * len(rows)) + "|")
+    print("|---" * (1 + 4 * len(rows)) + "|")
     names = list(next(iter(rows.values())))
     for name in names:
-        cells = [f"{rows[k][name][0]:.3f}x | {rows[k][name][1]:.1f} | {rows[k][name][2]:.1f}" if name in rows[k]
-                 else "- | - | -" for k in rows]
+        cells = []
+        for k in rows:
+            v = rows[k].get(name)
+            cells.append("- | - | - | -" if v is None else
+                         f"{v[0]:.3f}x | {v[1]:.1f} | {v[2]:.1f} | {v[3] if len(v) > 3 else '-'}")
         print(f"| {name} | " + " | ".join(cells) + " |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

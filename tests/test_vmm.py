@@ -265,3 +265,124 @@ def test_location_and_handle_type_options():
         VirtualMemoryResource(0, VirtualMemoryResourceOptions(location=7), driver=d)
     # nothing left behind by the refused ones: no handle, no reservation
     assert not d._vmm and not [r for r in d._regions.values() if r.kind == "reservation"]
+
+
+def _counting(drv, *names):
+    calls = {n: 0 for n in names}
+    for n in names:
+        real = getattr(drv, n)
+        setattr(drv, n, lambda *a, _r=real, _n=n, **k: calls.__setitem__(_n, calls[_n] + 1) or _r(*a, **k))
+    return calls
+
+
+def test_footprint_limit_moves_free_pages_instead_of_creating_new_ones():
+    drv = SimDriver([SimDeviceSpec(total_memory=256 * MiB)])
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(footprint_limit=1.0), driver=drv)
+    s = Stream.create(driver=drv)
+    a = mr.allocate(8 * MiB, s)
+    b = mr.allocate(2 * MiB, s)
+    drv.memset_async(b, 5, 2 * MiB, s.handle)
+    mr.deallocate(a, 8 * MiB, s)  # an 8 MiB hole below b, its 4 pages mapped
+    calls = _counting(drv, "mem_create", "mem_unmap", "mem_map")
+    c = mr.allocate(10 * MiB, s)  # does not fit the hole: 5 new pages above b
+    assert c == b + 2 * MiB
+    # 12 MiB live at most: the hole's 8 MiB allocation moved to c, one 2 MiB page created
+    assert calls == {"mem_create": 1, "mem_unmap": 1, "mem_map": 2} and mr.moves == 1
+    assert mr.physical_bytes == mr.mapped_bytes == 12 * MiB == drv.mapped_bytes() and mr.mapped_high == 12 * MiB
+    drv.memset_async(c, 6, 10 * MiB, s.handle)
+    assert drv.copy_to_host(c + 10 * MiB - 4, 4, s.handle) == b"\x06" * 4
+    assert drv.copy_to_host(b, 4, s.handle) == b"\x05" * 4  # b untouched
+    with pytest.raises(StreamOrderViolation) as v:
+        drv.touch(a, 8, s.handle)  # the hole's pages went with the move
+    assert v.value.kind == "unmapped"
+    d = mr.allocate(8 * MiB, s)  # the hole again: maps (creates) its pages anew
+    assert d == a and mr.physical_bytes == 20 * MiB
+    for p, n in ((b, 2), (c, 10), (d, 8)):
+        mr.deallocate(p, n * MiB, s)
+    mr.close()
+    assert drv.mapped_bytes() == 0 and drv.regions() == []
+
+
+def test_a_move_waits_for_the_stream_that_freed_the_memory():
+    drv = SimDriver([SimDeviceSpec(total_memory=256 * MiB)])
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(footprint_limit=1.0), driver=drv)
+    s, t = Stream.create(driver=drv), Stream.create(driver=drv)
+    a = mr.allocate(8 * MiB, s)
+    b = mr.allocate(2 * MiB, s)
+    drv.memset_async(a, 7, 8 * MiB, s.handle)  # queued, not yet run
+    mr.deallocate(a, 8 * MiB, s)
+    c = mr.allocate(10 * MiB, t)  # moves a's pages: waits for s first, so the memset ran on them
+    assert mr.moves == 1
+    drv.run_all()
+    for p, n, st in ((b, 2, s), (c, 10, t)):
+        mr.deallocate(p, n * MiB, st)
+    mr.close()
+
+
+def test_moving_without_waiting_would_be_caught():
+    """The teeth of the previous test: with the wait removed, the queued memset runs on unmapped
+    pages and the simulator reports it."""
+    drv = SimDriver([SimDeviceSpec(total_memory=256 * MiB)])
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(footprint_limit=1.0), driver=drv)
+    s, t = Stream.create(driver=drv), Stream.create(driver=drv)
+    a = mr.allocate(8 * MiB, s)
+    mr.allocate(2 * MiB, s)
+    drv.memset_async(a, 7, 8 * MiB, s.handle)
+    mr.deallocate(a, 8 * MiB, s)
+    drv.stream_synchronize = lambda stream: None
+    mr.allocate(10 * MiB, t)
+    with pytest.raises(StreamOrderViolation) as v:
+        drv.run_all()
+    assert v.value.kind == "unmapped"
+
+
+def test_out_of_memory_while_moving_undoes_the_move():
+    """The move succeeds, the one page still to create does not: the moved allocation is unmapped
+    and kept spare, the pool trims (releasing it) and retries, and the request fails cleanly."""
+    drv = SimDriver([SimDeviceSpec(total_memory=10 * MiB)])
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(footprint_limit=1.0), driver=drv)
+    s = DEFAULT_STREAM
+    a = mr.allocate(8 * MiB, s)
+    b = mr.allocate(2 * MiB, s)
+    mr.deallocate(a, 8 * MiB, s)
+    with pytest.raises(OutOfMemoryError, match="could not map physical memory for 10485760 bytes"):
+        mr.allocate(10 * MiB, s)
+    assert mr.physical_bytes == mr.mapped_bytes == 2 * MiB == drv.mapped_bytes()
+    assert mr.live_bytes == 2 * MiB
+    c = mr.allocate(8 * MiB, s)  # the device's memory is all usable again
+    mr.deallocate(c, 8 * MiB, s)
+    mr.deallocate(b, 2 * MiB, s)
+    mr.close()
+    assert drv.mapped_bytes() == 0 and drv.regions() == []
+
+
+def test_footprint_limit_keeps_a_random_workload_near_its_live_peak():
+    import random
+    d = SimDriver(devices=[SimDeviceSpec(total_memory=8 << 30)], policy="eager")
+    results = {}
+    for limit in (None, 1.05):
+        # runs small beside the blocks (16 MiB for blocks up to 256 MiB), so free holes hold whole runs
+        mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size="32 GiB", footprint_limit=limit,
+                                                                   max_mapping="16 MiB"), driver=d)
+        rng, live, cur, peak = random.Random(11), [], 0, 0
+        for _ in range(400):
+            n = rng.randint(1, 256 << 20)
+            if (rng.random() < 0.5 or not live) and cur + n <= (3 << 30):
+                live.append((mr.allocate(n, DEFAULT_STREAM), n))
+                cur += n
+                peak = max(peak, cur)
+            elif live:
+                p, n = live.pop(rng.randrange(len(live)))
+                mr.deallocate(p, n, DEFAULT_STREAM)
+                cur -= n
+        for p, n in live:
+            mr.deallocate(p, n, DEFAULT_STREAM)
+        results[limit] = (mr.mapped_high / peak, mr.moves)
+        mr.close()
+    assert results[None][1] == 0 and results[None][0] > 1.08  # placement alone leaves holes mapped
+    assert results[1.05][0] <= 1.0501 and results[1.05][1] > 0, results
+
+
+def test_footprint_limit_is_validated():
+    with pytest.raises(ValueError, match="footprint_limit must be >= 1.0"):
+        VirtualMemoryResourceOptions(footprint_limit=0.5)

@@ -28,6 +28,12 @@ class VirtualMemoryResourceOptions:
         automatically (``None``: no absolute limit).
     release_fraction: the same, relative to the live bytes (``0.1``: keep the free mapped memory under
         10 % of what is live). With neither, memory goes back only on :meth:`VirtualMemoryResource.trim`.
+    footprint_limit: keep the physical memory held within this factor of the live high-water mark
+        (``1.05``: within 5 %) by moving it rather than creating more: when mapping a block's missing
+        pages would exceed the limit, mappings lying wholly in free memory are unmapped (after waiting
+        for the streams that freed them) and their physical allocations mapped where they are needed
+        (``cuMemUnmap``, then ``cuMemMap`` + ``cuMemSetAccess``; no ``cuMemCreate``). Each move is
+        driver calls, so this trades time for footprint; ``None`` (default): never move.
     peers: devices given read-write access to every mapping (``cuMemSetAccess``).
     location: the device whose memory backs the pages (default: the resource's device); the resource's
         device (and ``peers``) get access to it, so another device's memory needs peer capability.
@@ -40,6 +46,7 @@ class VirtualMemoryResourceOptions:
     max_mapping: int | str = "64 MiB"
     release_threshold: int | str | None = None
     release_fraction: float | None = None
+    footprint_limit: float | None = None
     peers: tuple = ()
     location: int | None = None
     handle_type: str = "none"
@@ -52,6 +59,8 @@ class VirtualMemoryResourceOptions:
         object.__setattr__(self, "max_mapping", parse_size(self.max_mapping, "max_mapping"))
         if self.release_fraction is not None and not self.release_fraction >= 0:
             raise ValueError(f"release_fraction must be >= 0, got {self.release_fraction}")
+        if self.footprint_limit is not None and not self.footprint_limit >= 1.0:
+            raise ValueError(f"footprint_limit must be >= 1.0 (a factor of the live bytes), got {self.footprint_limit}")
         object.__setattr__(self, "peers", tuple(self.peers))
         if self.handle_type not in VMM_HANDLE_TYPES:
             raise ValueError(f"handle_type must be one of {list(VMM_HANDLE_TYPES)}, got {self.handle_type!r}")
@@ -148,7 +157,8 @@ class VirtualMemoryResource(PoolResource):
     """
 
     __slots__ = ("options", "page", "base", "reserve_size", "_top", "_maps", "_cov", "_mapped",
-                 "_mapped_high", "_run_pages", "_pending", "_pending_bytes", "_location", "_auto_release")
+                 "_mapped_high", "_run_pages", "_pending", "_pending_bytes", "_location", "_auto_release", "_spare",
+                 "_spare_bytes", "_live_high", "_moves")
 
     def __init__(self, device: int = 0, options: VirtualMemoryResourceOptions | None = None, *,
                  driver: Driver | None = None) -> None:
@@ -180,6 +190,10 @@ class VirtualMemoryResource(PoolResource):
         self._pending: list = []  # (event, stream, runs) set aside by a non-blocking release
         self._pending_bytes = 0  # mapped bytes in those runs
         self._auto_release = opts.release_threshold is not None or opts.release_fraction is not None
+        self._spare: dict[int, list[int]] = {}  # pages -> unmapped physical allocations (footprint_limit)
+        self._spare_bytes = 0
+        self._live_high = 0  # live bytes high-water mark, as seen when pages are mapped
+        self._moves = 0
 
     # -- properties ---------------------------------------------------------------------------
     device_accessible = True
@@ -191,12 +205,23 @@ class VirtualMemoryResource(PoolResource):
         return self._mapped
 
     @property
+    def physical_bytes(self) -> int:
+        """Physical bytes held now: ``mapped_bytes`` plus, with ``footprint_limit``, allocations
+        unmapped from free memory and not yet mapped again."""
+        return self._mapped + self._spare_bytes
+
+    @property
     def mapped_high(self) -> int:
-        """Highest ``mapped_bytes`` since construction (or :meth:`reset_mapped_high`)."""
+        """Highest ``physical_bytes`` since construction (or :meth:`reset_mapped_high`)."""
         return self._mapped_high
 
+    @property
+    def moves(self) -> int:
+        """Physical allocations moved (unmapped from free memory and mapped elsewhere) so far."""
+        return self._moves
+
     def reset_mapped_high(self) -> None:
-        self._mapped_high = self.mapped_bytes
+        self._mapped_high = self.physical_bytes
 
     @property
     def reserved_bytes(self) -> int:
@@ -291,50 +316,138 @@ class VirtualMemoryResource(PoolResource):
             self._release_async(free - limit // 2)
 
     def _ensure_mapped(self, ptr: int, size: int) -> None:
-        """Map every missing page of [ptr, ptr+size), in runs of up to ``max_mapping``, as one
-        transaction: if any step fails, the runs mapped by this call are unmapped and released."""
+        """Map every missing page of [ptr, ptr+size), in runs of up to ``max_mapping`` (or the size
+        of a spare physical allocation being moved here), as one transaction: if any step fails, the
+        runs mapped by this call are unmapped, created ones released and moved ones kept spare."""
         page, base = self.page, self.base
         first = (ptr - base) // page
         last = (ptr + size - 1 - base) // page
         if self._cov.covers(first, last + 1):  # the common case once warm
             return
+        gaps = self._cov.gaps(first, last + 1)
+        limit = self.options.footprint_limit
+        if limit is not None:
+            self._make_room(sum(b - a for a, b in gaps), size, limit)
         drv, dev = self.driver, self.device_id
-        runs = []  # the missing pages, cut into runs of at most max_mapping
-        for a, b in self._cov.gaps(first, last + 1):
-            while a < b:
-                n = min(b - a, self._run_pages)
-                runs.append((a, n))
-                a += n
-        done: list[tuple[int, int, int]] = []
+        done: list[tuple[int, int, int, bool]] = []  # (first page, pages, handle, moved)
         try:
-            for start, n in runs:
-                va, nbytes = base + start * page, n * page
-                h = drv.mem_create(self._location, nbytes, self.options.handle_type)
-                try:
-                    drv.mem_map(va, nbytes, 0, h)
-                except BaseException:
-                    drv.mem_release(h)
-                    raise
-                done.append((start, n, h))
-                drv.mem_set_access(va, nbytes, dev, "readwrite")
-                for peer in self.options.peers:
-                    if peer != dev:
-                        drv.mem_set_access(va, nbytes, peer, "readwrite")
+            for a, b in gaps:
+                while a < b:
+                    n, h = self._take_spare(b - a) if self._spare_bytes else (0, None)
+                    moved = h is not None
+                    if not moved:
+                        n = min(b - a, self._run_pages)
+                        h = drv.mem_create(self._location, n * page, self.options.handle_type)
+                    va, nbytes = base + a * page, n * page
+                    try:
+                        drv.mem_map(va, nbytes, 0, h)
+                    except BaseException:
+                        if moved:
+                            self._put_spare(n, h)
+                        else:
+                            drv.mem_release(h)
+                        raise
+                    done.append((a, n, h, moved))
+                    drv.mem_set_access(va, nbytes, dev, "readwrite")
+                    for peer in self.options.peers:
+                        if peer != dev:
+                            drv.mem_set_access(va, nbytes, peer, "readwrite")
+                    a += n
         except BaseException as exc:
-            for start, n, h in reversed(done):
+            for start, n, h, moved in reversed(done):
                 drv.mem_unmap(base + start * page, n * page)
-                drv.mem_release(h)
+                if moved:
+                    self._put_spare(n, h)
+                else:
+                    drv.mem_release(h)
             if isinstance(exc, OutOfMemoryError):
                 raise OutOfMemoryError(
                     f"{self!r} could not map physical memory for {size} bytes ({format_size(size)}): "
                     f"{self._mapped} bytes mapped, {self._live_total()} live; {exc}", size, self) from None
             raise
-        for start, n, h in done:
+        for start, n, h, moved in done:
             self._maps[start] = (n, h)
             self._cov.add(start, start + n)
             self._mapped += n * page
-        if self._mapped > self._mapped_high:
-            self._mapped_high = self._mapped
+            self._moves += moved
+        if limit is not None and self._spare_bytes:
+            # spares too large for this block's gaps: give back what exceeds the limit
+            over = self._mapped + self._spare_bytes - int(limit * self._live_high)
+            for n in sorted(self._spare, reverse=True):
+                hs = self._spare[n]
+                while hs and over > 0:
+                    drv.mem_release(hs.pop())
+                    self._spare_bytes -= n * page
+                    over -= n * page
+        physical = self._mapped + self._spare_bytes
+        if physical > self._mapped_high:
+            self._mapped_high = physical
+
+    # -- moving physical memory (footprint_limit) ------------------------------------------------
+    def _take_spare(self, most: int) -> tuple[int, int | None]:
+        """The largest spare allocation of at most ``most`` pages, taken out: ``(pages, handle)``."""
+        best = 0
+        for n, hs in self._spare.items():
+            if hs and best < n <= most:
+                best = n
+        if not best:
+            return 0, None
+        self._spare_bytes -= best * self.page
+        return best, self._spare[best].pop()
+
+    def _put_spare(self, n: int, h: int) -> None:
+        self._spare.setdefault(n, []).append(h)
+        self._spare_bytes += n * self.page
+
+    def _make_room(self, pages: int, size: int, limit: float) -> None:
+        """Before mapping ``pages`` new pages for a ``size``-byte block: if creating them would hold
+        more than ``limit`` x the live high-water mark, unmap mappings lying wholly in free memory
+        (highest addresses first, so the mapped memory stays packed low) and keep their physical
+        allocations spare, to be mapped where they are needed."""
+        page = self.page
+        self._live_high = high = max(self._live_high, self._live_total() + size)
+        create = max(0, pages * page - self._spare_bytes)
+        over = self._mapped + self._spare_bytes + create - int(limit * high)
+        if over <= 0:
+            return
+        candidates = []  # (address, first page, pages, handle, state)
+        for st in list(self._states.values()):
+            if self._alive(st.stream) is not True:
+                continue  # its streams' work cannot be waited for without a device synchronise
+            if st.cache:
+                st.flush(self._boundaries)
+            if st.free.sizes:
+                for first, n, h, lo, hi, block in self._runs_in(st.free):
+                    candidates.append((lo, first, n, h, st))
+        candidates.sort(key=lambda c: c[0], reverse=True)
+        chosen, got = [], 0
+        for c in candidates:
+            if got >= over:
+                break
+            chosen.append(c)
+            got += c[2] * page
+        drv, waited = self.driver, set()
+        for *_, st in chosen:  # unmapping is not stream ordered: wait for the streams that freed it
+            if id(st) not in waited:
+                waited.add(id(st))
+                if st.stream.uid < 0:
+                    drv.ensure_context(self.device_id)
+                drv.stream_synchronize(st.stream.handle)
+        for lo, first, n, h, st in chosen:
+            drv.mem_unmap(lo, n * page)
+            del self._maps[first]
+            self._cov.remove(first, first + n)
+            self._mapped -= n * page
+            self._put_spare(n, h)
+
+    def _release_spare(self) -> int:
+        released = 0
+        for n, hs in self._spare.items():
+            while hs:
+                self.driver.mem_release(hs.pop())
+                released += n * self.page
+        self._spare_bytes -= released
+        return released
 
     def trim(self, wait: bool = True) -> int:
         """Unmap and release every mapping lying wholly in free memory; returns the bytes released.
@@ -370,7 +483,7 @@ class VirtualMemoryResource(PoolResource):
 
     def _trim_locked(self) -> int:
         home = self._state(DEFAULT_STREAM)
-        released = self._drain_pending(wait=True)
+        released = self._release_spare() + self._drain_pending(wait=True)
         # Unmapping is not stream ordered: wait for the streams that freed the memory first.
         self._quiesce(home, own=True)
         home.flush(self._boundaries)
@@ -382,7 +495,7 @@ class VirtualMemoryResource(PoolResource):
         """Set aside free mappings behind one event per stream and release those whose events
         completed; never blocks (streams mrkit cannot prove alive are left for trim()). With
         ``excess``, only enough mappings to cover it, highest addresses first; else all of them."""
-        released = self._drain_pending(wait=False)
+        released = self._release_spare() + self._drain_pending(wait=False)
         drv = self.driver
         candidates = []  # (lo, state, run)
         for st in list(self._states.values()):
