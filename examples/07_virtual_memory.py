@@ -21,3 +21,18 @@ with mrkit.Stream.create(driver=drv) as s:
     mr.deallocate(c, 50 * MiB, s)
     mr.deallocate(a, 100 * MiB, s)
 mr.close()
+
+# footprint_limit: when new pages would take the physical memory past 1.0x the live peak, mrkit moves
+# the physical memory of free holes (unmap, then map where needed) instead of creating more
+mr = mrkit.VirtualMemoryResource(0, mrkit.VirtualMemoryResourceOptions(reserve_size="8 GiB", footprint_limit=1.0,
+                                                                        max_mapping="16 MiB"), driver=drv)
+with mrkit.Stream.create(driver=drv) as s:
+    a = mr.allocate(128 * MiB, s)
+    b = mr.allocate(64 * MiB, s)
+    mr.deallocate(a, 128 * MiB, s)  # a 128 MiB hole below b, still mapped
+    c = mr.allocate(192 * MiB, s)  # does not fit the hole: placed above b
+    print(f"256 MiB live at most, {mr.physical_bytes // MiB} MiB physical; {mr.moves} allocations moved "
+          f"out of the hole")
+    mr.deallocate(b, 64 * MiB, s)
+    mr.deallocate(c, 192 * MiB, s)
+mr.close()
