@@ -252,3 +252,33 @@ def test_vmm_exportable_pages_on_the_gpu(gpu):
     assert mr.trim() == 6 * MiB
     mr.close()
     s.close()
+
+
+def test_vmm_moves_free_pages_on_the_gpu(gpu):
+    """footprint_limit on the driver: a free hole's physical allocation is unmapped and mapped into
+    a new block (after the stream that freed it is waited for); data written before and after stays."""
+    MiB = 1 << 20
+    opts = mrkit.VirtualMemoryResourceOptions(reserve_size="4 GiB", footprint_limit=1.0)
+    mr = mrkit.VirtualMemoryResource(0, opts, driver=gpu)
+    s, t = Stream.create(0, driver=gpu), Stream.create(0, driver=gpu)
+    a = mr.allocate(8 * MiB, s)
+    b = mr.allocate(2 * MiB, s)
+    gpu.memset_async(a, 4, 8 * MiB, s.handle)
+    gpu.memset_async(b, 5, 2 * MiB, s.handle)
+    mr.deallocate(a, 8 * MiB, s)
+    c = mr.allocate(10 * MiB, t)  # moves a's 8 MiB allocation above b, creates one page
+    assert c == b + 2 * MiB and mr.moves == 1 and mr.physical_bytes == 12 * MiB
+    gpu.memset_async(c, 6, 10 * MiB, t.handle)
+    assert gpu.copy_to_host(c, 4, t.handle) == b"\x06" * 4
+    assert gpu.copy_to_host(c + 10 * MiB - 4, 4, t.handle) == b"\x06" * 4
+    assert gpu.copy_to_host(b + 2 * MiB - 4, 4, s.handle) == b"\x05" * 4
+    d = mr.allocate(8 * MiB, s)  # the hole again, with new pages
+    gpu.memset_async(d, 7, 8 * MiB, s.handle)
+    assert gpu.copy_to_host(d + 8 * MiB - 4, 4, s.handle) == b"\x07" * 4
+    assert gpu.copy_to_host(c + 4, 4, t.handle) == b"\x06" * 4
+    for p, n, st in ((b, 2, s), (c, 10, t), (d, 8, s)):
+        mr.deallocate(p, n * MiB, st)
+    assert mr.trim() == 20 * MiB and mr.physical_bytes == 0
+    mr.close()
+    s.close()
+    t.close()
