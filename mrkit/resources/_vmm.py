@@ -331,9 +331,15 @@ class VirtualMemoryResource(PoolResource):
         drv, dev = self.driver, self.device_id
         done: list[tuple[int, int, int, bool]] = []  # (first page, pages, handle, moved)
         try:
+            starts, top = self._cov.starts, (self._top - base) // page  # never map past the carved range
             for a, b in gaps:
                 while a < b:
-                    n, h = self._take_spare(b - a) if self._spare_bytes else (0, None)
+                    if self._spare_bytes:
+                        # a spare larger than the gap may overhang into the unmapped free pages above
+                        k = bisect_right(starts, a)
+                        n, h = self._take_spare(b - a, min(starts[k] if k < len(starts) else top, top) - a)
+                    else:
+                        n, h = 0, None
                     moved = h is not None
                     if not moved:
                         n = min(b - a, self._run_pages)
@@ -384,12 +390,17 @@ class VirtualMemoryResource(PoolResource):
             self._mapped_high = physical
 
     # -- moving physical memory (footprint_limit) ------------------------------------------------
-    def _take_spare(self, most: int) -> tuple[int, int | None]:
-        """The largest spare allocation of at most ``most`` pages, taken out: ``(pages, handle)``."""
-        best = 0
+    def _take_spare(self, most: int, reach: int) -> tuple[int, int | None]:
+        """The largest spare allocation of at most ``most`` pages, else the smallest of at most
+        ``reach`` pages, taken out: ``(pages, handle)``."""
+        best = over = 0
         for n, hs in self._spare.items():
-            if hs and best < n <= most:
-                best = n
+            if hs:
+                if best < n <= most:
+                    best = n
+                elif most < n <= reach and (not over or n < over):
+                    over = n
+        best = best or over
         if not best:
             return 0, None
         self._spare_bytes -= best * self.page
