@@ -148,8 +148,14 @@ class VirtualMemoryResource(PoolResource):
     Pages are mapped in runs (up to ``max_mapping`` per ``cuMemCreate``/``cuMemMap``), so a 1 GiB
     block costs a handful of driver calls; a run goes back only when all of it is free.
 
+    With ``footprint_limit``, physical memory moves instead of growing: mappings lying wholly in free
+    memory are unmapped (after their streams are waited for) and their allocations, kept spare, are
+    mapped into the block that needs pages; a spare larger than a gap may overhang into unmapped free
+    pages above it.
+
     Invariant: every live block and every block in an exact-size cache is fully mapped; only blocks in
-    the coalesced free lists may have unmapped pages, and taking one maps them.
+    the coalesced free lists (and the carved range above them) may have unmapped pages, and taking one
+    maps them.
 
     Undo on failure: mapping a block's pages is one transaction; if any ``cuMemCreate``/``cuMemMap``/
     ``cuMemSetAccess`` fails (out of memory half-way, say) the pages mapped by that call are unmapped
@@ -461,7 +467,8 @@ class VirtualMemoryResource(PoolResource):
         return released
 
     def trim(self, wait: bool = True) -> int:
-        """Unmap and release every mapping lying wholly in free memory; returns the bytes released.
+        """Unmap and release every mapping lying wholly in free memory, and every spare allocation
+        (``footprint_limit``); returns the bytes released.
 
         ``wait=True`` first waits for the streams that freed that memory (the whole device only when
         one of them may be gone). ``wait=False`` blocks on nothing: it records one event per stream
