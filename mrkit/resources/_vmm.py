@@ -427,30 +427,15 @@ class VirtualMemoryResource(PoolResource):
         over = self._mapped + self._spare_bytes + create - int(limit * high)
         if over <= 0:
             return
-        candidates = []  # (address, first page, pages, handle, state)
-        for st in list(self._states.values()):
-            if self._alive(st.stream) is not True:
-                continue  # its streams' work cannot be waited for without a device synchronise
-            if st.cache:
-                st.flush(self._boundaries)
-            if st.free.sizes:
-                for first, n, h, lo, hi, block in self._runs_in(st.free):
-                    candidates.append((lo, first, n, h, st))
-        candidates.sort(key=lambda c: c[0], reverse=True)
-        chosen, got = [], 0
-        for c in candidates:
-            if got >= over:
-                break
-            chosen.append(c)
-            got += c[2] * page
+        chosen = self._free_runs(over)
         drv, waited = self.driver, set()
-        for *_, st in chosen:  # unmapping is not stream ordered: wait for the streams that freed it
+        for st, _ in chosen:  # unmapping is not stream ordered: wait for the streams that freed it
             if id(st) not in waited:
                 waited.add(id(st))
                 if st.stream.uid < 0:
                     drv.ensure_context(self.device_id)
                 drv.stream_synchronize(st.stream.handle)
-        for lo, first, n, h, st in chosen:
+        for _, (first, n, h, lo, hi, block) in chosen:
             drv.mem_unmap(lo, n * page)
             del self._maps[first]
             self._cov.remove(first, first + n)
@@ -489,6 +474,26 @@ class VirtualMemoryResource(PoolResource):
             if k >= 0 and starts[k] + free.start[starts[k]] >= hi:
                 yield first, n, h, lo, hi, starts[k]
 
+    def _free_runs(self, need: int | None) -> list:
+        """``(state, run)`` for the mappings lying wholly in the free memory of streams that can be
+        waited for, highest addresses first (the mapped memory stays packed low); with ``need``, only
+        the first ones that together cover ``need`` bytes."""
+        found = []
+        for st in list(self._states.values()):
+            st.flush(self._boundaries)
+            if st.free.sizes and self._alive(st.stream) is True:
+                found.extend((st, run) for run in self._runs_in(st.free))
+        found.sort(key=lambda c: c[1][3], reverse=True)
+        if need is None:
+            return found
+        chosen, got = [], 0
+        for c in found:
+            if got >= need:
+                break
+            chosen.append(c)
+            got += c[1][4] - c[1][3]
+        return chosen
+
     def _unmap(self, first: int, n: int, h: int) -> int:
         drv, page = self.driver, self.page
         lo = self.base + first * page
@@ -515,24 +520,9 @@ class VirtualMemoryResource(PoolResource):
         ``excess``, only enough mappings to cover it, highest addresses first; else all of them."""
         released = self._release_spare() + self._drain_pending(wait=False)
         drv = self.driver
-        candidates = []  # (lo, state, run)
-        for st in list(self._states.values()):
-            st.flush(self._boundaries)
-            if not st.free.sizes or self._alive(st.stream) is not True:
-                continue
-            for run in self._runs_in(st.free):
-                candidates.append((run[3], st, run))
-        if excess is not None:
-            candidates.sort(key=lambda c: c[0], reverse=True)
-            chosen, total = [], 0
-            for c in candidates:
-                if total >= excess:
-                    break
-                chosen.append(c)
-                total += c[2][4] - c[2][3]
-            candidates = chosen
+        candidates = self._free_runs(excess)
         by_state: dict[int, tuple] = {}
-        for _, st, run in candidates:
+        for st, run in candidates:
             by_state.setdefault(id(st), (st, []))[1].append(run)
         for st, runs in by_state.values():
             by_block: dict[int, list] = {}
