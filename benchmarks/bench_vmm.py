@@ -73,7 +73,7 @@ def mrkit_vmm(steps, **options):
     mr = mrkit.VirtualMemoryResource(0, mrkit.VirtualMemoryResourceOptions(reserve_size=256 * GiB, **options))
     r = _mrkit_run(mr, lambda: mr.mapped_high, steps)
     mr.close()
-    return r + (getattr(mr, "moves", 0),)
+    return r + (mr.moves,)
 
 
 def mrkit_driver_pool(steps):

@@ -269,46 +269,42 @@ class VirtualMemoryResource(PoolResource):
         return st.free.take(size, st.free.end.get(self._top))
 
     def _take(self, size, stream, st):
-        # The warm case, inlined (it is most of a random-size workload's time): something is live,
-        # the stream's own free memory has a fit, and its pages are mapped.
+        ptr = None
         if st is not None and (self._live or self._aligned):
-            if st.cache:
-                st.flush(self._boundaries)
-            free = st.free
-            ptr = free.take(size, free.end.get(self._top))
-            if ptr is not None:
-                base, page, cov = self.base, self.page, self._cov
-                starts = cov.starts
-                i = bisect_right(starts, (ptr - base) // page) - 1
-                if i < 0 or cov.end[starts[i]] < (ptr + size - 1 - base) // page + 1:
-                    ptr = self._map_or_retry(ptr, size, stream)
-                if self._auto_release:
-                    self._release_excess(size)
-                return ptr
-        if not self._live and not self._aligned:
-            # nothing is live: coalesce every stream's cached blocks first, so that a workload that
-            # starts again from empty starts from the same layout (one free range per stream)
-            for other in self._states.values():
-                other.flush(self._boundaries)
-        ptr = self._map_or_retry(super()._take(size, stream, st), size, stream)
+            ptr = self._fit(st, size)  # the warm case: the stream's own free memory has a fit
+        if ptr is None:
+            if not self._live and not self._aligned:
+                # nothing is live: coalesce every stream's cached blocks first, so that a workload that
+                # starts again from empty starts from the same layout (one free range per stream)
+                for other in self._states.values():
+                    other.flush(self._boundaries)
+            ptr = super()._take(size, stream, st)
+        base, page = self.base, self.page
+        if not self._cov.covers((ptr - base) // page, (ptr + size - 1 - base) // page + 1):
+            ptr = self._map_or_retry(ptr, size, stream)
         if self._auto_release:
             self._release_excess(size)
         return ptr
 
     def _map_or_retry(self, ptr, size, stream):
-        """Map the block's missing pages; out of memory: put it back, trim once, take again."""
-        for retry in (False, True):
-            if retry:
-                self._trim_locked()
-                ptr = super()._take(size, stream, self._states.get(stream.uid))
-            try:
-                self._ensure_mapped(ptr, size)
-                return ptr
-            except BaseException as exc:
-                self._state(stream).free.insert(ptr, size, self._boundaries)
-                if retry or not isinstance(exc, OutOfMemoryError):
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        """Map the block's missing pages; out of memory: trim once, take again and map."""
+        try:
+            self._map_block(ptr, size, stream)
+            return ptr
+        except OutOfMemoryError:
+            pass
+        self._trim_locked()
+        ptr = super()._take(size, stream, self._states.get(stream.uid))
+        self._map_block(ptr, size, stream)
+        return ptr
+
+    def _map_block(self, ptr, size, stream):
+        """``_ensure_mapped``; if it fails, the block goes back to its stream's free list."""
+        try:
+            self._ensure_mapped(ptr, size)
+        except BaseException:
+            self._state(stream).free.insert(ptr, size, self._boundaries)
+            raise
 
     def _release_excess(self, size):
         opts = self.options
@@ -326,11 +322,9 @@ class VirtualMemoryResource(PoolResource):
         of a spare physical allocation being moved here), as one transaction: if any step fails, the
         runs mapped by this call are unmapped, created ones released and moved ones kept spare."""
         page, base = self.page, self.base
-        first = (ptr - base) // page
-        last = (ptr + size - 1 - base) // page
-        if self._cov.covers(first, last + 1):  # the common case once warm
+        gaps = self._cov.gaps((ptr - base) // page, (ptr + size - 1 - base) // page + 1)
+        if not gaps:
             return
-        gaps = self._cov.gaps(first, last + 1)
         limit = self.options.footprint_limit
         if limit is not None:
             self._make_room(sum(b - a for a, b in gaps), size, limit)
@@ -384,13 +378,7 @@ class VirtualMemoryResource(PoolResource):
             self._moves += moved
         if limit is not None and self._spare_bytes:
             # spares too large for this block's gaps: give back what exceeds the limit
-            over = self._mapped + self._spare_bytes - int(limit * self._live_high)
-            for n in sorted(self._spare, reverse=True):
-                hs = self._spare[n]
-                while hs and over > 0:
-                    drv.mem_release(hs.pop())
-                    self._spare_bytes -= n * page
-                    over -= n * page
+            self._release_spare(self._mapped + self._spare_bytes - int(limit * self._live_high))
         physical = self._mapped + self._spare_bytes
         if physical > self._mapped_high:
             self._mapped_high = physical
@@ -432,9 +420,7 @@ class VirtualMemoryResource(PoolResource):
         for st, _ in chosen:  # unmapping is not stream ordered: wait for the streams that freed it
             if id(st) not in waited:
                 waited.add(id(st))
-                if st.stream.uid < 0:
-                    drv.ensure_context(self.device_id)
-                drv.stream_synchronize(st.stream.handle)
+                self._wait_for(st.stream)
         for _, (first, n, h, lo, hi, block) in chosen:
             drv.mem_unmap(lo, n * page)
             del self._maps[first]
@@ -442,13 +428,15 @@ class VirtualMemoryResource(PoolResource):
             self._mapped -= n * page
             self._put_spare(n, h)
 
-    def _release_spare(self) -> int:
+    def _release_spare(self, most: int | None = None) -> int:
+        """Release spare allocations, largest first: all of them, or until ``most`` bytes."""
         released = 0
-        for n, hs in self._spare.items():
-            while hs:
+        for n in sorted(self._spare, reverse=True):
+            hs = self._spare[n]
+            while hs and (most is None or released < most):
                 self.driver.mem_release(hs.pop())
+                self._spare_bytes -= n * self.page
                 released += n * self.page
-        self._spare_bytes -= released
         return released
 
     def trim(self, wait: bool = True) -> int:

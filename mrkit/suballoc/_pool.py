@@ -569,9 +569,7 @@ class PoolResource(MemoryResource):
             if st.empty():
                 continue
             if self._alive(st.stream) is True:
-                if st.stream.uid < 0:
-                    drv.ensure_context(dev)  # the default streams are those of the current context
-                drv.stream_synchronize(st.stream.handle)
+                self._wait_for(st.stream)
             else:
                 device_wide = True
         if device_wide:
@@ -579,6 +577,12 @@ class PoolResource(MemoryResource):
         for uid, st in others:
             self._merge(st, into)
             del self._states[uid]
+
+    def _wait_for(self, stream: Stream) -> None:
+        """Synchronise ``stream`` (one mrkit knows to be alive)."""
+        if stream.uid < 0:
+            self.driver.ensure_context(self.device_id or 0)  # the default streams are the current context's
+        self.driver.stream_synchronize(stream.handle)
 
     def _reclaim_and_retry(self, size, stream, st, first: OutOfMemoryError) -> int:
         """Upstream refused: pool everything, return idle chunks, retry once."""
