@@ -10,9 +10,9 @@ from ._stream import DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM, Event, Stream, a
 from .driver import get_driver, set_backend, use_backend
 from .resources import (
     CudaMemoryResource, DeviceMemoryResource, DeviceMemoryResourceOptions, HostMemoryResource,
-    ManagedMemoryResource, MemoryPool, PinnedMemoryResource, VirtualMemoryResource, VirtualMemoryResourceOptions,
+    ManagedMemoryResource, MemoryPool, PinnedMemoryResource, PoolResource, VirtualMemoryResource,
+    VirtualMemoryResourceOptions,
 )
-from .suballoc import PoolResource
 from .adaptors import (
     Adaptor, LimitingAdaptor, LoggingAdaptor, RetryAdaptor, Statistics, StatisticsAdaptor,
     TrackingAdaptor, read_log, replay,

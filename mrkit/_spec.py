@@ -142,11 +142,10 @@ def _validate(spec: str, node: Node) -> None:
 def build_resource(node: Node, driver=None):
     """Build the resources a parsed spec names."""
     from .adaptors import LimitingAdaptor, LoggingAdaptor, StatisticsAdaptor, TrackingAdaptor
-    from .resources import (
+    from .resources import (PoolResource, 
         CudaMemoryResource, DeviceMemoryResource, HostMemoryResource, ManagedMemoryResource, PinnedMemoryResource,
         VirtualMemoryResource,
     )
-    from .suballoc import PoolResource
 
     args = [build_resource(a, driver) if isinstance(a, Node) else a for a in node.args]
     kw = {k: build_resource(v, driver) if isinstance(v, Node) else v for k, v in node.kwargs.items()}

@@ -72,6 +72,23 @@ class Stream:
     def is_default(self) -> bool:
         return self.uid < 0
 
+    @property
+    def alive(self) -> bool | None:
+        """True/False when mrkit knows whether this stream still exists, None when it cannot tell
+        (a raw handle whose lifetime belongs to someone else). The default streams are always alive;
+        an owning stream until :meth:`close`; a wrapped CuPy/PyTorch/cuda.core stream while its owner
+        object lives (explicit ``owner=``: for as long as this view lives)."""
+        if self.uid < 0:
+            return True
+        if self._owning:
+            return not self._closed
+        ref = self._owner_ref
+        if isinstance(ref, weakref.ref):
+            return ref() is not None
+        if ref is not None:
+            return True  # an owner held strongly keeps the stream alive
+        return None
+
     def __cuda_stream__(self):
         return (0, self.handle)
 

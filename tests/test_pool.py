@@ -43,11 +43,11 @@ def test_blocks_of_different_chunks_never_merge(sim):
     s = DEFAULT_STREAM
     a = pool.allocate(4096, s)
     b = pool.allocate(4096, s)
-    assert len(pool._chunks) == 2
+    assert len(pool.arena.chunks) == 2
     pool.deallocate(a, 4096, s)
     pool.deallocate(b, 4096, s)
-    pool._states[s.uid].flush(pool._boundaries)
-    sizes = sorted(sz for sz, _ in pool._states[s.uid].free.sizes)
+    pool.arena.states[s.uid].flush(pool.arena.boundaries)
+    sizes = sorted(sz for sz, _ in pool.arena.states[s.uid].free.sizes)
     assert sizes == [4096, 4096]  # even if the chunks happen to be adjacent
     assert pool.release() == 8192
 
@@ -361,7 +361,7 @@ def test_a_lock_free_free_racing_a_locked_cache_insert_loses_nothing(sim):
     a = pool.allocate(256, s, alignment=512)  # a 512-byte block; its free takes the locked path
     b = pool.allocate(512, s)  # the same rounded size; its free takes the lock-free path
     pool.deallocate(pool.allocate(64, s), 64, s)  # the stream has its state
-    st = pool._states[s.uid]
+    st = pool.arena.states[s.uid]
     fired = []
 
     class Racing(dict):

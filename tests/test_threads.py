@@ -113,7 +113,7 @@ def test_out_of_memory_reclaim_racing_allocation_loses_nothing():
     drv = SimDriver(devices=[SimDeviceSpec(total_memory=24 * MiB)], policy="eager")
     pool = PoolResource(DeviceMemoryResource(driver=drv))
     streams = _run(pool, drv, threads=4, ops=1500, churn=lambda: None, sizes=(MiB, 2 * MiB, 3 * MiB))
-    _conserve(pool, lambda: pool.upstream.used_mem_current)
+    _conserve(pool, lambda: pool.upstream.pool.used_mem_current)
     p = pool.allocate(20 * MiB, streams[1])
     pool.deallocate(p, 20 * MiB, streams[1])
     pool.release()

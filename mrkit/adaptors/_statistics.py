@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._resource import MemoryResource
-from ..suballoc._pool import fused_paths
+from .._engine import hot_paths
 from ._base import Adaptor
 
 __all__ = ["StatisticsAdaptor", "Statistics"]
@@ -103,7 +103,7 @@ class StatisticsAdaptor(Adaptor):
         self._stack = [[0, 0, 0, 0, 0, 0]]  # cur_b, peak_b, tot_b, cur_n, peak_n, tot_n
         self._events: list[int] = []  # signed byte events (a list appends fastest)
         if type(self) is StatisticsAdaptor:  # subclasses keep their own methods
-            fused = fused_paths(upstream, "counting", events=self._events, on_full=self._fold, limit=_FOLD_AT)
+            fused = hot_paths(upstream, "counting", events=self._events, on_full=self._fold, limit=_FOLD_AT)
             if fused is not None:
                 self.allocate, self.deallocate = fused  # instance attributes win over the methods
 

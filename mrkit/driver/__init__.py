@@ -14,14 +14,14 @@ import os
 import threading
 from contextlib import contextmanager
 
-from ._base import ACCESS_FLAGS, DEVICE_CAPABILITIES, MANAGED_ADVICE, POOL_ATTRIBUTES, Driver
+from ._base import ACCESS_FLAGS, DEVICE_CAPABILITIES, MANAGED_ADVICE, POOL_ATTRIBUTES, VMM_HANDLE_TYPES, Driver
 from .cuda import CudaDriver
 from .sim import SimDeviceSpec, SimDriver
 
 __all__ = [
     "Driver", "CudaDriver", "SimDriver", "SimDeviceSpec",
     "get_driver", "set_backend", "use_backend",
-    "ACCESS_FLAGS", "DEVICE_CAPABILITIES", "MANAGED_ADVICE", "POOL_ATTRIBUTES",
+    "ACCESS_FLAGS", "DEVICE_CAPABILITIES", "MANAGED_ADVICE", "POOL_ATTRIBUTES", "VMM_HANDLE_TYPES",
 ]
 
 _lock = threading.Lock()

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 from .._resource import Buffer, MemoryResource, get_current_resource
 from .._stream import DEFAULT_STREAM, as_stream
-from ..suballoc._pool import fused_paths
+from .._engine import hot_paths
 
 __all__ = ["allocator", "pinned_allocator", "install", "install_pinned", "using_allocator", "resource_of"]
 
@@ -83,7 +83,7 @@ def allocator(mr: MemoryResource | None = None):
         if not _exiting:
             raise ValueError(f"CuPy freed {ptr:#x}, which this allocator does not hold")
 
-    hooks = fused_paths(mr, "hook", device=device, wrong_device=wrong_device, current_stream=get_stream,
+    hooks = hot_paths(mr, "hook", device=device, wrong_device=wrong_device, current_stream=get_stream,
                         seen=cell, remember=lookup, foreign_free=foreign_free)
     if hooks is None:
         hooks = _generic_hooks(mr, device, get_stream, cell, lookup, wrong_device, foreign_free)
@@ -156,8 +156,7 @@ def pinned_allocator(mr: MemoryResource | None = None):
     (default: a pool of pinned memory)."""
     cupy = _cupy()
     if mr is None:
-        from ..resources import PinnedMemoryResource
-        from ..suballoc import PoolResource
+        from ..resources import PinnedMemoryResource, PoolResource
         mr = PoolResource(PinnedMemoryResource())
     if not mr.host_accessible:
         raise ValueError(f"{mr!r} is not host-accessible; pinned allocators need host memory")

@@ -112,7 +112,7 @@ class PinnedMemoryResource(_DriverResource):
     Flags: ``portable`` (usable from every context), ``devicemap`` (mapped into the device address
     space) and ``writecombined`` (fast host writes and device reads over PCIe, slow host reads).
     Deallocation synchronises ``stream`` before ``cuMemFreeHost``. Pinned allocation is slow (it
-    pins pages in the OS); put a :class:`~mrkit.suballoc.PoolResource` on top for frequent
+    pins pages in the OS); put a :class:`~mrkit.PoolResource` on top for frequent
     allocations: ``PoolResource(PinnedMemoryResource())``.
     """
 

@@ -7,11 +7,9 @@ from dataclasses import dataclass
 
 from .._errors import OutOfMemoryError
 from .._sizes import format_size, parse_size
+from .._engine import Arena, CachingResource, ChunkSource, FreeList
 from .._stream import DEFAULT_STREAM, Stream
-from ..driver import Driver, get_driver
-from ..driver._base import VMM_HANDLE_TYPES
-from ..suballoc._pool import PoolResource, _FreeList
-from ._basic import HostMemoryResource
+from ..driver import VMM_HANDLE_TYPES, Driver, get_driver
 
 __all__ = ["VirtualMemoryResource", "VirtualMemoryResourceOptions"]
 
@@ -133,61 +131,22 @@ class _Coverage:
             end[b] = e
 
 
-class VirtualMemoryResource(PoolResource):
-    """Device memory on the CUDA virtual memory management API.
+class _VirtualChunks(ChunkSource):
+    """The VMM's chunk source: carves the reservation (virtual only), maps a block's missing pages
+    before it is handed out (:meth:`prepare`), and unmaps/moves/releases physical memory. Every
+    method runs under the arena's lock."""
 
-    One virtual range is reserved at construction (``cuMemAddressReserve``) and sub-allocated with
-    :class:`~mrkit.PoolResource`'s stream-ordered free lists, so growth never copies and never moves a
-    live allocation, and neighbouring free blocks always coalesce. Physical memory comes in pages
-    (``cuMemCreate`` + ``cuMemMap`` + ``cuMemSetAccess``) mapped when a block that needs them is handed
-    out, and goes back (``cuMemUnmap`` + ``cuMemRelease``) for every page lying wholly inside free
-    memory on :meth:`trim` — or automatically past ``release_threshold``/``release_fraction``.
-    Unmapping is not stream-ordered, so :meth:`trim` first waits for the streams that hold free memory
-    (the whole device only when one of them may no longer exist).
+    returns_chunks = False  # the virtual range is kept; physical pages go back through trim()
+    prepares = True
 
-    Pages are mapped in runs (up to ``max_mapping`` per ``cuMemCreate``/``cuMemMap``), so a 1 GiB
-    block costs a handful of driver calls; a run goes back only when all of it is free.
-
-    With ``footprint_limit``, physical memory moves instead of growing: mappings lying wholly in free
-    memory are unmapped (after their streams are waited for) and their allocations, kept spare, are
-    mapped into the block that needs pages; a spare larger than a gap may overhang into unmapped free
-    pages above it.
-
-    Invariant: every live block and every block in an exact-size cache is fully mapped; only blocks in
-    the coalesced free lists (and the carved range above them) may have unmapped pages, and taking one
-    maps them.
-
-    Undo on failure: mapping a block's pages is one transaction; if any ``cuMemCreate``/``cuMemMap``/
-    ``cuMemSetAccess`` fails (out of memory half-way, say) the pages mapped by that call are unmapped
-    and released, the block returns to the free list, and the pool first trims itself and retries.
-    """
-
-    __slots__ = ("options", "page", "base", "reserve_size", "_top", "_maps", "_cov", "_mapped",
-                 "_mapped_high", "_run_pages", "_pending", "_pending_bytes", "_location", "_auto_release", "_spare",
-                 "_spare_bytes", "_live_high", "_moves")
-
-    def __init__(self, device: int = 0, options: VirtualMemoryResourceOptions | None = None, *,
-                 driver: Driver | None = None) -> None:
-        opts = options or VirtualMemoryResourceOptions()
-        drv = driver or get_driver()
-        if not drv.device_capability(device, "virtual_memory_management_supported"):
-            raise ValueError(f"device {device} does not support virtual memory management")
-        location = device if opts.location is None else opts.location
-        gran = drv.mem_get_allocation_granularity(location, handle_type=opts.handle_type)
-        page = opts.page_size or gran
-        if page % gran:
-            raise ValueError(f"page_size {page} must be a multiple of the allocation granularity {gran}")
-        reserve = opts.reserve_size or 2 * drv.device_total_mem(device)
-        reserve = -(-reserve // page) * page
-        # The pool machinery needs an upstream only to exist (this class answers the properties, so
-        # the pool is stream ordered); chunks come from _grow below.
-        super().__init__(HostMemoryResource(), min_chunk=page, growth_factor=0.0, driver=drv)
-        self.device_id = device
+    def __init__(self, device: int, opts: "VirtualMemoryResourceOptions", drv: Driver, location: int,
+                 page: int, reserve: int) -> None:
+        self.arena: Arena | None = None  # set by the resource once its arena exists
+        self.driver, self.device_id = drv, device
         self.options, self.page, self.reserve_size = opts, page, reserve
         self._location = location
         self.base = drv.mem_address_reserve(reserve, page)
         self._top = self.base
-        self._boundaries.add(self.base)
         self._maps: dict[int, tuple[int, int]] = {}  # first page of a run -> (pages, handle)
         self._cov = _Coverage()  # which pages are mapped, coalesced
         self._mapped = 0
@@ -201,45 +160,15 @@ class VirtualMemoryResource(PoolResource):
         self._live_high = 0  # live bytes high-water mark, as seen when pages are mapped
         self._moves = 0
 
-    # -- properties ---------------------------------------------------------------------------
-    device_accessible = True
-    host_accessible = False
-
-    @property
-    def mapped_bytes(self) -> int:
-        """Physical bytes mapped now."""
-        return self._mapped
-
-    @property
-    def physical_bytes(self) -> int:
-        """Physical bytes held now: ``mapped_bytes`` plus, with ``footprint_limit``, allocations
-        unmapped from free memory and not yet mapped again."""
-        return self._mapped + self._spare_bytes
-
-    @property
-    def mapped_high(self) -> int:
-        """Highest ``physical_bytes`` since construction (or :meth:`reset_mapped_high`)."""
-        return self._mapped_high
-
-    @property
-    def moves(self) -> int:
-        """Physical allocations moved (unmapped from free memory and mapped elsewhere) so far."""
-        return self._moves
-
-    def reset_mapped_high(self) -> None:
-        self._mapped_high = self.physical_bytes
-
-    @property
-    def reserved_bytes(self) -> int:
-        """Virtual bytes reserved."""
-        return self.reserve_size
+    def __repr__(self) -> str:
+        return repr(self.arena.owner)
 
     # -- growth: carve more of the reservation (virtual only) ------------------------------
-    def _grow(self, size: int, stream: Stream, exact: bool = False) -> int:
+    def grow(self, arena, size: int, stream: Stream, exact: bool):
         # When the requesting stream's free memory ends at the top of the carved range, carve only
         # what it lacks: the caller coalesces the two, so no unmapped free block is left above the
         # allocation (where later requests would map fresh pages instead of reusing mapped ones).
-        st = self._states.get(stream.uid)
+        st = arena.states.get(stream.uid)
         if st is not None and not exact:
             tail = st.free.end.get(self._top)
             if tail is not None:
@@ -247,38 +176,28 @@ class VirtualMemoryResource(PoolResource):
         want = -(-size // self.page) * self.page
         if self._top + want > self.base + self.reserve_size:
             raise OutOfMemoryError(
-                f"{self!r} cannot allocate {size} bytes ({format_size(size)}): its {format_size(self.reserve_size)} "
-                f"virtual reservation is exhausted", size, self)
+                f"{self!r} cannot allocate {size} bytes ({format_size(size)}): its "
+                f"{format_size(self.reserve_size)} virtual reservation is exhausted", size, arena.owner)
         ptr = self._top
         self._top += want
-        self._chunks[ptr] = want
-        self._held += want
-        return ptr
+        return ptr, want, ptr == self.base
 
-    def _release_free_chunks(self, st) -> int:
-        return 0  # the virtual range is kept; physical pages go back through trim()
-
-    # -- mapping --------------------------------------------------------------------------------
-    def _fit(self, st, size):
+    # -- placement and mapping ------------------------------------------------------------------
+    def fit(self, arena, st, size):
         # Cached blocks coalesce first (so the choice never depends on what happened to be cached),
         # then best fit, keeping the "wilderness" — the free block at the top of the carved range —
         # for when no other block fits: holes are reused first and the top stays one piece. A workload
         # that runs again (a training step) then lands where it did before and maps nothing new.
-        if st.cache:
-            st.flush(self._boundaries)
+        if not arena.live and not arena.aligned:
+            # nothing is live: coalesce every stream's cached blocks first, so that a workload that
+            # starts again from empty starts from the same layout (one free range per stream)
+            for other in list(arena.states.values()):
+                other.flush(arena.boundaries)
+        elif st.cache:
+            st.flush(arena.boundaries)
         return st.free.take(size, st.free.end.get(self._top))
 
-    def _take(self, size, stream, st):
-        ptr = None
-        if st is not None and (self._live or self._aligned):
-            ptr = self._fit(st, size)  # the warm case: the stream's own free memory has a fit
-        if ptr is None:
-            if not self._live and not self._aligned:
-                # nothing is live: coalesce every stream's cached blocks first, so that a workload that
-                # starts again from empty starts from the same layout (one free range per stream)
-                for other in self._states.values():
-                    other.flush(self._boundaries)
-            ptr = super()._take(size, stream, st)
+    def prepare(self, arena, ptr, size, stream):
         base, page = self.base, self.page
         if not self._cov.covers((ptr - base) // page, (ptr + size - 1 - base) // page + 1):
             ptr = self._map_or_retry(ptr, size, stream)
@@ -293,8 +212,8 @@ class VirtualMemoryResource(PoolResource):
             return ptr
         except OutOfMemoryError:
             pass
-        self._trim_locked()
-        ptr = super()._take(size, stream, self._states.get(stream.uid))
+        self.trim_locked()
+        ptr = self.arena.find(size, stream)
         self._map_block(ptr, size, stream)
         return ptr
 
@@ -303,19 +222,19 @@ class VirtualMemoryResource(PoolResource):
         try:
             self._ensure_mapped(ptr, size)
         except BaseException:
-            self._state(stream).free.insert(ptr, size, self._boundaries)
+            self.arena.state(stream).free.insert(ptr, size, self.arena.boundaries)
             raise
 
     def _release_excess(self, size):
         opts = self.options
-        live = self._live_total()
+        live = self.arena.live_total()
         free = self._mapped - self._pending_bytes - live - size  # free mapped, not yet set aside
         limit = min(opts.release_threshold if opts.release_threshold is not None else free,
                     int(opts.release_fraction * live) if opts.release_fraction is not None else free)
         if free > limit:
             # release down to half the limit (hysteresis: the next few frees do not trigger again),
             # from the top of the range down, so the mapped memory stays packed at the bottom
-            self._release_async(free - limit // 2)
+            self.release_async(free - limit // 2)
 
     def _ensure_mapped(self, ptr: int, size: int) -> None:
         """Map every missing page of [ptr, ptr+size), in runs of up to ``max_mapping`` (or the size
@@ -369,7 +288,7 @@ class VirtualMemoryResource(PoolResource):
             if isinstance(exc, OutOfMemoryError):
                 raise OutOfMemoryError(
                     f"{self!r} could not map physical memory for {size} bytes ({format_size(size)}): "
-                    f"{self._mapped} bytes mapped, {self._live_total()} live; {exc}", size, self) from None
+                    f"{self._mapped} bytes mapped, {self.arena.live_total()} live; {exc}", size, self.arena.owner) from None
             raise
         for start, n, h, moved in done:
             self._maps[start] = (n, h)
@@ -410,7 +329,7 @@ class VirtualMemoryResource(PoolResource):
         (highest addresses first, so the mapped memory stays packed low) and keep their physical
         allocations spare, to be mapped where they are needed."""
         page = self.page
-        self._live_high = high = max(self._live_high, self._live_total() + size)
+        self._live_high = high = max(self._live_high, self.arena.live_total() + size)
         create = max(0, pages * page - self._spare_bytes)
         over = self._mapped + self._spare_bytes + create - int(limit * high)
         if over <= 0:
@@ -420,7 +339,7 @@ class VirtualMemoryResource(PoolResource):
         for st, _ in chosen:  # unmapping is not stream ordered: wait for the streams that freed it
             if id(st) not in waited:
                 waited.add(id(st))
-                self._wait_for(st.stream)
+                self.arena.wait_for(st.stream)
         for _, (first, n, h, lo, hi, block) in chosen:
             drv.mem_unmap(lo, n * page)
             del self._maps[first]
@@ -439,20 +358,7 @@ class VirtualMemoryResource(PoolResource):
                 released += n * self.page
         return released
 
-    def trim(self, wait: bool = True) -> int:
-        """Unmap and release every mapping lying wholly in free memory, and every spare allocation
-        (``footprint_limit``); returns the bytes released.
-
-        ``wait=True`` first waits for the streams that freed that memory (the whole device only when
-        one of them may be gone). ``wait=False`` blocks on nothing: it records one event per stream
-        holding free memory, sets those mappings aside, and releases each once its event has completed
-        (checked on every later trim and slow-path allocation). A later allocation maps pages again."""
-        with self._lock:
-            return self._trim_locked() if wait else self._release_async()
-
-    release = trim
-
-    def _runs_in(self, free: _FreeList):
+    def _runs_in(self, free: FreeList):
         """The mappings lying wholly inside one free block of ``free``, with that block's start."""
         page, base = self.page, self.base
         starts = sorted(free.start)
@@ -467,9 +373,9 @@ class VirtualMemoryResource(PoolResource):
         waited for, highest addresses first (the mapped memory stays packed low); with ``need``, only
         the first ones that together cover ``need`` bytes."""
         found = []
-        for st in list(self._states.values()):
-            st.flush(self._boundaries)
-            if st.free.sizes and self._alive(st.stream) is True:
+        for st in list(self.arena.states.values()):
+            st.flush(self.arena.boundaries)
+            if st.free.sizes and st.stream.alive is True:
                 found.extend((st, run) for run in self._runs_in(st.free))
         found.sort(key=lambda c: c[1][3], reverse=True)
         if need is None:
@@ -492,17 +398,18 @@ class VirtualMemoryResource(PoolResource):
         self._mapped -= n * page
         return n * page
 
-    def _trim_locked(self) -> int:
-        home = self._state(DEFAULT_STREAM)
+    def trim_locked(self) -> int:
+        arena = self.arena
+        home = arena.state(DEFAULT_STREAM)
         released = self._release_spare() + self._drain_pending(wait=True)
         # Unmapping is not stream ordered: wait for the streams that freed the memory first.
-        self._quiesce(home, own=True)
-        home.flush(self._boundaries)
+        arena.quiesce(home, own=True)
+        home.flush(arena.boundaries)
         for first, n, h, *_ in list(self._runs_in(home.free)):
             released += self._unmap(first, n, h)
         return released
 
-    def _release_async(self, excess: int | None = None) -> int:
+    def release_async(self, excess: int | None = None) -> int:
         """Set aside free mappings behind one event per stream and release those whose events
         completed; never blocks (streams mrkit cannot prove alive are left for trim()). With
         ``excess``, only enough mappings to cover it, highest addresses first; else all of them."""
@@ -518,14 +425,14 @@ class VirtualMemoryResource(PoolResource):
                 by_block.setdefault(block, []).append((lo, hi))
             for block, spans in by_block.items():  # carve the runs out: the gaps stay free
                 end = block + st.free.start[block]
-                st.free._remove(block, end - block)
+                st.free.remove(block, end - block)
                 cursor = block
                 for lo, hi in sorted(spans):
                     if lo > cursor:
-                        st.free._add(cursor, lo - cursor)
+                        st.free.add(cursor, lo - cursor)
                     cursor = hi
                 if end > cursor:
-                    st.free._add(cursor, end - cursor)
+                    st.free.add(cursor, end - cursor)
             if st.stream.uid < 0:
                 drv.ensure_context(self.device_id)
             ev = drv.event_create(self.device_id)
@@ -545,28 +452,144 @@ class VirtualMemoryResource(PoolResource):
                 keep.append((ev, stream, runs))
                 continue
             drv.event_destroy(ev)
-            st = self._state(stream)
+            st = self.arena.state(stream)
             for first, n, h, lo, hi in runs:
                 released += self._unmap(first, n, h)
                 self._pending_bytes -= hi - lo
-                st.free.insert(lo, hi - lo, self._boundaries)
+                st.free.insert(lo, hi - lo, self.arena.boundaries)
         self._pending = keep
         return released
 
+
+
+class VirtualMemoryResource(CachingResource):
+    """Device memory on the CUDA virtual memory management API.
+
+    One virtual range is reserved at construction (``cuMemAddressReserve``) and sub-allocated with
+    :class:`~mrkit.PoolResource`'s stream-ordered free lists, so growth never copies and never moves a
+    live allocation, and neighbouring free blocks always coalesce. Physical memory comes in pages
+    (``cuMemCreate`` + ``cuMemMap`` + ``cuMemSetAccess``) mapped when a block that needs them is handed
+    out, and goes back (``cuMemUnmap`` + ``cuMemRelease``) for every page lying wholly inside free
+    memory on :meth:`trim` — or automatically past ``release_threshold``/``release_fraction``.
+    Unmapping is not stream-ordered, so :meth:`trim` first waits for the streams that hold free memory
+    (the whole device only when one of them may no longer exist).
+
+    Pages are mapped in runs (up to ``max_mapping`` per ``cuMemCreate``/``cuMemMap``), so a 1 GiB
+    block costs a handful of driver calls; a run goes back only when all of it is free.
+
+    With ``footprint_limit``, physical memory moves instead of growing: mappings lying wholly in free
+    memory are unmapped (after their streams are waited for) and their allocations, kept spare, are
+    mapped into the block that needs pages; a spare larger than a gap may overhang into unmapped free
+    pages above it.
+
+    Invariant: every live block and every block in an exact-size cache is fully mapped; only blocks in
+    the coalesced free lists (and the carved range above them) may have unmapped pages, and taking one
+    maps them.
+
+    Undo on failure: mapping a block's pages is one transaction; if any ``cuMemCreate``/``cuMemMap``/
+    ``cuMemSetAccess`` fails (out of memory half-way, say) the pages mapped by that call are unmapped
+    and released, the block returns to the free list, and the pool first trims itself and retries.
+    """
+
+    __slots__ = ("_src",)
+
+    def __init__(self, device: int = 0, options: VirtualMemoryResourceOptions | None = None, *,
+                 driver: Driver | None = None) -> None:
+        opts = options or VirtualMemoryResourceOptions()
+        if not isinstance(opts, VirtualMemoryResourceOptions):
+            raise TypeError(f"options must be VirtualMemoryResourceOptions, not {type(opts).__name__}")
+        drv = driver or get_driver()
+        if not drv.device_capability(device, "virtual_memory_management_supported"):
+            raise ValueError(f"device {device} does not support virtual memory management")
+        location = device if opts.location is None else opts.location
+        gran = drv.mem_get_allocation_granularity(location, handle_type=opts.handle_type)
+        page = opts.page_size or gran
+        if page % gran:
+            raise ValueError(f"page_size {page} must be a multiple of the allocation granularity {gran}")
+        reserve = opts.reserve_size or 2 * drv.device_total_mem(device)
+        reserve = -(-reserve // page) * page
+        src = self._src = _VirtualChunks(device, opts, drv, location, page, reserve)
+        src.arena = Arena(src, self, device_id=device, driver=drv, ordered=True)
+        self._attach(src.arena)
+
+    # -- properties ---------------------------------------------------------------------------
+    device_accessible = True
+    host_accessible = False
+    max_alignment = 1 << 20
+
+    driver = property(lambda self: self._src.driver)
+    device_id = property(lambda self: self._src.device_id)
+    options = property(lambda self: self._src.options)
+    page = property(lambda self: self._src.page, doc="The unit of physical memory, in bytes.")
+    base = property(lambda self: self._src.base, doc="The first address of the reservation.")
+
+    @property
+    def pool_size(self) -> int:
+        """Virtual bytes carved from the reservation so far."""
+        return self.arena.held
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Physical bytes mapped now."""
+        return self._src._mapped
+
+    @property
+    def physical_bytes(self) -> int:
+        """Physical bytes held now: ``mapped_bytes`` plus, with ``footprint_limit``, allocations
+        unmapped from free memory and not yet mapped again."""
+        return self._src._mapped + self._src._spare_bytes
+
+    @property
+    def mapped_high(self) -> int:
+        """Highest ``physical_bytes`` since construction (or :meth:`reset_mapped_high`)."""
+        return self._src._mapped_high
+
+    @property
+    def moves(self) -> int:
+        """Physical allocations moved (unmapped from free memory and mapped elsewhere) so far."""
+        return self._src._moves
+
+    def reset_mapped_high(self) -> None:
+        self._src._mapped_high = self.physical_bytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Virtual bytes reserved."""
+        return self._src.reserve_size
+
+    def trim(self, wait: bool = True) -> int:
+        """Unmap and release every mapping lying wholly in free memory, and every spare allocation
+        (``footprint_limit``); returns the bytes released. Safe to call while other threads allocate.
+
+        ``wait=True`` first waits for the streams that freed that memory (the whole device only when
+        one of them may be gone). ``wait=False`` blocks on nothing: it records one event per stream
+        holding free memory, sets those mappings aside, and releases each once its event has completed
+        (checked on every later trim and slow-path allocation). A later allocation maps pages again."""
+        with self.arena.lock:
+            return self._src.trim_locked() if wait else self._src.release_async()
+
+    release = trim
+
     def close(self) -> None:
         """Release every page and the reservation (all allocations must have been freed)."""
-        with self._lock:
-            if self._live or self._aligned:
-                raise ValueError(f"{self!r} still has {len(self._live) + len(self._aligned)} live allocations")
-            self._trim_locked()
-            if self.base:
-                self.driver.mem_address_free(self.base, self.reserve_size)
-                self.base = 0
-                self._states.clear()
+        arena, src = self.arena, self._src
+        with arena.lock:
+            if arena.live or arena.aligned:
+                raise ValueError(f"{self!r} still has {len(arena.live) + len(arena.aligned)} live allocations")
+            src.trim_locked()
+            if src.base:
+                src.driver.mem_address_free(src.base, src.reserve_size)
+                src.base = 0
+                home = arena.state(DEFAULT_STREAM)
+                for uid, st in list(arena.states.items()):
+                    if st is not home:
+                        arena.retire_into(uid, st, home)
+            arena.close_event()
 
     def _describe(self) -> str:
-        extra = "" if self._location == self.device_id else f", location={self._location}"
-        if self.options.handle_type != "none":
-            extra += f", handle_type={self.options.handle_type}"
-        return (f"device={self.device_id}, reserved={format_size(self.reserve_size)}, "
-                f"mapped={format_size(self.mapped_bytes)}{extra}, driver={self.driver.name}")
+        src = self._src
+        extra = "" if src._location == src.device_id else f", location={src._location}"
+        if src.options.handle_type != "none":
+            extra += f", handle_type={src.options.handle_type}"
+        return (f"device={src.device_id}, reserved={format_size(src.reserve_size)}, "
+                f"mapped={format_size(src._mapped)}{extra}, driver={src.driver.name}")

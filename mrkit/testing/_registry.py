@@ -4,11 +4,10 @@ from __future__ import annotations
 import io
 
 from ..adaptors import LimitingAdaptor, LoggingAdaptor, RetryAdaptor, StatisticsAdaptor, TrackingAdaptor
-from ..resources import (
+from ..resources import (PoolResource, 
     CudaMemoryResource, DeviceMemoryResource, DeviceMemoryResourceOptions, HostMemoryResource,
     ManagedMemoryResource, PinnedMemoryResource, VirtualMemoryResource, VirtualMemoryResourceOptions,
 )
-from ..suballoc import PoolResource
 
 __all__ = ["BUILTIN_FACTORIES"]
 

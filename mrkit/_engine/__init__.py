@@ -1,0 +1,78 @@
+"""The engine every caching resource shares (``PoolResource``, ``VirtualMemoryResource``,
+``BinningResource``): free lists, the per-stream :class:`Arena`, the :class:`ChunkSource` hooks and the
+lock-free hot path (:mod:`._hot`), written as real functions.
+
+A caching resource is a :class:`CachingResource`: an arena plus a chunk source. Integrations that
+want the hot path in another variant (statistics fused in, CuPy's allocator hooks) ask
+:func:`hot_paths`, the public entry point, never a private name.
+"""
+from __future__ import annotations
+
+from .._resource import MemoryResource
+from ._arena import GRAIN, Arena, ChunkSource, StreamState
+from ._freelist import FreeList, drain
+from ._hot import counting_paths, hook_paths, plain_paths
+
+__all__ = ["Arena", "ChunkSource", "StreamState", "FreeList", "drain", "GRAIN", "CachingResource",
+           "hot_paths", "plain_paths", "counting_paths", "hook_paths"]
+
+
+class CachingResource(MemoryResource):
+    """Base of the resources built on an :class:`Arena`: ``allocate``/``deallocate`` are the arena's
+    hot path (per-instance functions stored in slots, so a call makes no attribute look-up on
+    ``self``; a subclass that overrides them still reaches these through ``super()``).
+
+    ``arena`` is the engine state (advanced use: inspection, :func:`hot_paths`)."""
+
+    __slots__ = ("arena", "allocate", "deallocate")
+
+    def _attach(self, arena: Arena) -> None:
+        self.arena = arena
+        _ALLOCATE.__set__(self, arena.allocate)
+        _DEALLOCATE.__set__(self, arena.deallocate)
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes handed out (as requested, before rounding) and not yet returned."""
+        with self.arena.lock:
+            return self.arena.live_total()
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes held and free in some stream's lists."""
+        with self.arena.lock:
+            return self.arena.free_total()
+
+    @property
+    def live_count(self) -> int:
+        """Allocations handed out and not yet returned."""
+        return len(self.arena.live) + len(self.arena.aligned)
+
+    def __eq__(self, other):
+        return other is self
+
+    def __hash__(self):
+        return id(self)
+
+
+_ALLOCATE = CachingResource.__dict__["allocate"]
+_DEALLOCATE = CachingResource.__dict__["deallocate"]
+
+
+def hot_paths(resource, variant: str, **names):
+    """``resource``'s hot path in another variant, or ``None`` when ``resource`` is not a
+    :class:`CachingResource` whose ``allocate``/``deallocate`` are the stock ones (a subclass that
+    overrides them keeps its own behaviour).
+
+    ``variant``: ``"counting"`` (``events``, ``on_full``, ``limit``: see :func:`counting_paths`) or
+    ``"hook"`` (see :func:`hook_paths`)."""
+    arena = getattr(resource, "arena", None)
+    if not isinstance(arena, Arena):
+        return None
+    if resource.allocate is not arena.allocate or resource.deallocate is not arena.deallocate:
+        return None
+    if variant == "counting":
+        return counting_paths(arena, **names)
+    if variant == "hook":
+        return hook_paths(arena, **names)
+    raise ValueError(f"unsupported variant: {variant!r} (expected 'counting' or 'hook')")

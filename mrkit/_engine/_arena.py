@@ -1,0 +1,405 @@
+"""The stream-ordered arena every caching resource shares, and the chunk-source interface.
+
+See ``docs/design.md`` ("The engine") for the locking rules this module follows; each rule is
+cited where the code relies on it.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+from .._errors import CUDAError, OutOfMemoryError
+from .._resource import check_request
+from .._sizes import format_size
+from .._stream import DEFAULT_STREAM, Stream, as_stream, check_stream
+from ..driver import Driver, get_driver
+from ._freelist import FreeList, drain
+from ._hot import plain_paths
+
+__all__ = ["Arena", "ChunkSource", "StreamState", "GRAIN"]
+
+GRAIN = 256  # every block size and offset is a multiple of this
+
+
+class StreamState:
+    """Free memory owned by one stream: ``cache`` (exact size -> list of blocks; the lock-free fast
+    path) and ``free`` (a coalesced :class:`FreeList`, touched only under the lock).
+
+    ``cache`` is ``None`` once the state is retired: a lock-free path that finds ``None`` takes the
+    locked path instead (rule 4)."""
+
+    __slots__ = ("stream", "cache", "free")
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+        self.cache: dict[int, list[int]] | None = {}
+        self.free = FreeList()
+
+    def flush(self, boundaries) -> None:
+        """Coalesce the exact-size cache into the free list (lock held).
+
+        Rule 3: the dict is swapped first, then each list is drained with atomic pops, so every block
+        is taken by exactly one party; a block appended to a list after it was drained is rescued by
+        the deallocating thread, which sees that ``self.cache`` changed."""
+        old = self.cache
+        if not old:  # empty, or retired
+            return
+        self.cache = {}
+        self._drain(old, boundaries)
+
+    def retire(self, boundaries) -> None:
+        """Detach the cache for good (lock held): ``cache`` becomes ``None`` first, then the old one is
+        drained into the free list."""
+        old, self.cache = self.cache, None
+        if old:
+            self._drain(old, boundaries)
+
+    def _drain(self, old: dict, boundaries) -> None:
+        insert = self.free.insert
+        # list(): a lock-free free may still add a key to the old dict (it then rescues its block)
+        for size, ptrs in list(old.items()):
+            for p in drain(ptrs):
+                insert(p, size, boundaries)
+
+    def empty(self) -> bool:
+        cache = self.cache
+        return not self.free.sizes and not (cache and any(list(cache.values())))
+
+    def bytes(self) -> int:
+        cache = self.cache or {}
+        return self.free.total() + sum(s * len(v) for s, v in list(cache.items()))
+
+
+class _OneState(dict):
+    """The states of an arena that is not stream ordered: every stream id finds the one state."""
+
+    def get(self, key, default=None):
+        return dict.get(self, 0, default)
+
+
+class ChunkSource:
+    """Where an arena's memory comes from. A caching resource is an :class:`Arena` plus one of these.
+
+    Every hook is called with the arena's lock held and may call the arena's ``*_locked`` helpers
+    (never its public, locking methods). Hooks may raise; the arena's state is then unchanged
+    (the hook itself must undo what it did, see :meth:`prepare`).
+
+    * :meth:`grow` — new memory: an upstream allocation (pool) or a carved virtual range (VMM).
+    * :meth:`fit` — placement: which free block serves a request (default: best fit).
+    * :meth:`prepare` — make a block usable before it is handed out (VMM: map missing pages).
+    * :meth:`give_back` — return one wholly free chunk (pool: upstream deallocate).
+    """
+
+    #: whether chunks go back through :meth:`give_back` on release and on the out-of-memory reclaim
+    returns_chunks = True
+    #: whether :meth:`prepare` does anything (the arena skips the call when not)
+    prepares = False
+
+    def grow(self, arena: "Arena", size: int, stream: Stream, exact: bool) -> tuple[int, int, bool]:
+        """At least ``size`` bytes of new memory for ``stream`` (exactly ``size`` when ``exact``):
+        ``(ptr, nbytes, boundary)``; ``boundary`` keeps blocks from coalescing across ``ptr``. Raises
+        :class:`~mrkit.OutOfMemoryError` when there is none."""
+        raise NotImplementedError
+
+    def fit(self, arena: "Arena", st: StreamState, size: int) -> int | None:
+        """Take ``size`` bytes from ``st``'s free list, or None."""
+        return st.free.take(size)
+
+    def prepare(self, arena: "Arena", ptr: int, size: int, stream: Stream) -> int:
+        """Called for every block the locked path hands out; returns the block to hand out (normally
+        ``ptr``). On failure it must put the block back in ``stream``'s free list and raise."""
+        return ptr
+
+    def give_back(self, ptr: int, size: int, stream: Stream) -> None:
+        """Return the wholly free chunk ``[ptr, ptr + size)`` (freed on ``stream``)."""
+        raise NotImplementedError
+
+
+class Arena:
+    """Stream-ordered sub-allocation over a :class:`ChunkSource`: per-stream states (exact-size caches
+    and coalesced free lists), the live table, stream hand-over with one event per hand-over, the
+    out-of-memory reclaim and release. ``allocate``/``deallocate`` are the lock-free hot path (see
+    :mod:`mrkit._engine._hot`); everything else runs under ``lock``.
+
+    ``owner`` is the resource built on this arena (held weakly; it names itself in errors).
+    ``ordered=False`` (host memory): one state for every stream, nothing stream ordered."""
+
+    def __init__(self, source: ChunkSource, owner, *, device_id: int | None, driver: Driver | None,
+                 ordered: bool) -> None:
+        self.source = source
+        self._owner = weakref.ref(owner)
+        self.device_id = device_id
+        self.driver = driver
+        self.ordered = ordered
+        self.lock = threading.Lock()
+        self.live: dict[int, int] = {}  # ptr -> nbytes as requested
+        self.aligned: dict[int, tuple[int, int, int]] = {}  # ptr -> (block, size, nbytes), alignment > 256
+        self.states: dict[int, StreamState] = {} if ordered else _OneState()
+        self.chunks: dict[int, int] = {}  # chunk base -> size
+        self.boundaries: set[int] = set()  # chunk bases: blocks never coalesce across them
+        self.held = 0
+        self.event = None
+        self._prepare = source.prepare if source.prepares else None
+        self.allocate, self.deallocate = plain_paths(self)
+
+    @property
+    def owner(self):
+        return self._owner()
+
+    # -- reading --------------------------------------------------------------------------------
+    def live_total(self) -> int:
+        return sum(list(self.live.values())) + sum(n for _, _, n in list(self.aligned.values()))
+
+    def free_total(self) -> int:
+        return sum(st.bytes() for st in list(self.states.values()))
+
+    # -- streams --------------------------------------------------------------------------------
+    def as_stream(self, stream) -> Stream:
+        if not self.ordered:
+            check_stream(stream)
+            return DEFAULT_STREAM
+        return as_stream(stream, self.driver)
+
+    def state(self, stream: Stream) -> StreamState:
+        """The state of ``stream``, made if missing (lock held; rule 5: always looked up afresh)."""
+        uid = stream.uid if self.ordered else 0
+        st = self.states.get(uid)
+        if st is None:
+            st = self.states[uid] = StreamState(stream)
+        return st
+
+    def retire_into(self, uid: int, st: StreamState, into: StreamState) -> None:
+        """Retire ``st`` (rule 4: cache detached, then drained, then the state forgotten) and move its
+        free memory to ``into`` (the caller has ordered ``into`` after it)."""
+        st.retire(self.boundaries)
+        if self.states.get(uid) is st:
+            del self.states[uid]
+        self.merge(st, into)
+
+    def merge(self, src: StreamState, dst: StreamState) -> None:
+        """Move all of ``src``'s free memory to ``dst`` (the caller has ordered dst after src)."""
+        if src is dst:
+            return
+        b = self.boundaries
+        src.flush(b)
+        dst.flush(b)
+        dst.free = dst.free.absorb(src.free, b)
+        src.free = FreeList()
+
+    def order_after(self, src: Stream, dst: Stream) -> None:
+        """Make future work on ``dst`` wait for the work queued so far on ``src`` (one event), or
+        synchronise the device when ``src`` may no longer exist."""
+        drv = self.driver or get_driver()
+        if src.alive:
+            if self.event is None:
+                self.event = drv.event_create(self.device_id or 0)
+            drv.event_record(self.event, src.handle)
+            drv.stream_wait_event(dst.handle, self.event)
+        else:
+            drv.ctx_synchronize(self.device_id or 0)
+
+    def wait_for(self, stream: Stream) -> None:
+        """Synchronise ``stream`` (one mrkit knows to be alive)."""
+        if stream.uid < 0:
+            self.driver.ensure_context(self.device_id or 0)  # the default streams are the current context's
+        self.driver.stream_synchronize(stream.handle)
+
+    # -- the locked allocation path ---------------------------------------------------------------
+    def take(self, size: int, stream: Stream) -> int:
+        """Find ``size`` bytes for ``stream`` and make them usable (lock held)."""
+        ptr = self.find(size, stream)
+        prepare = self._prepare
+        if prepare is not None:
+            ptr = prepare(self, ptr, size, stream)
+        return ptr
+
+    def find(self, size: int, stream: Stream) -> int:
+        """``size`` bytes for ``stream`` (lock held): its own free memory, other streams' free memory
+        (after ordering), new memory from the source, then the out-of-memory reclaim."""
+        st = self.state(stream)
+        fit = self.source.fit
+        ptr = fit(self, st, size)
+        if ptr is not None:
+            return ptr
+        if st.cache:
+            st.flush(self.boundaries)
+            ptr = fit(self, st, size)
+            if ptr is not None:
+                return ptr
+        if self.ordered and self.steal(size, st):
+            ptr = fit(self, st, size)
+            if ptr is not None:
+                return ptr
+        try:
+            chunk, n = self.grow(size, stream)
+        except OutOfMemoryError as first:
+            return self.reclaim_and_retry(size, stream, st, first)
+        st.free.insert(chunk, n, self.boundaries)
+        return st.free.take(size)
+
+    def grow(self, size: int, stream: Stream, exact: bool = False) -> tuple[int, int]:
+        ptr, n, boundary = self.source.grow(self, size, stream, exact)
+        self.chunks[ptr] = self.chunks.get(ptr, 0) + n
+        if boundary:
+            self.boundaries.add(ptr)
+        self.held += n
+        return ptr, n
+
+    def steal(self, size: int, st: StreamState) -> bool:
+        """Take over other streams' free memory so that ``st`` can serve ``size``: the whole list of
+        one stream whose largest block fits, else — when together they hold enough — every other
+        stream's list (coalescing may then make a fit). One event per stream taken over."""
+        others = []
+        for uid, other in list(self.states.items()):
+            if other is st or other.empty():
+                continue
+            other.flush(self.boundaries)
+            if other.free.largest() >= size:
+                self.take_over(uid, other, st)
+                return True
+            others.append((uid, other))
+        if others and sum(o.free.total() for _, o in others) >= size:
+            for uid, other in others:
+                self.take_over(uid, other, st)
+            return True
+        return False
+
+    def take_over(self, uid: int, other: StreamState, st: StreamState) -> None:
+        self.order_after(other.stream, st.stream)
+        if other.stream.alive is True:
+            self.merge(other, st)  # rule 4: a live stream keeps its state
+        else:
+            self.retire_into(uid, other, st)
+
+    def quiesce(self, into: StreamState, own: bool = False) -> None:
+        """Wait for the work of every stream holding free memory (``into``'s own stream too when
+        ``own``), then move all free memory to ``into`` (lock held). Only those streams are
+        synchronised; streams mrkit cannot prove alive are covered by one device synchronise, and
+        their states retired."""
+        if not self.ordered or self.driver is None:
+            return
+        others = [(uid, st) for uid, st in list(self.states.items()) if st is not into]
+        device_wide = False
+        for _, st in others + ([(None, into)] if own else []):
+            if st.empty():
+                continue
+            if st.stream.alive is True:
+                self.wait_for(st.stream)
+            else:
+                device_wide = True
+        if device_wide:
+            self.driver.ctx_synchronize(self.device_id or 0)
+        for uid, st in others:
+            if st.stream.alive is True:
+                self.merge(st, into)
+            else:
+                self.retire_into(uid, st, into)
+
+    def reclaim_and_retry(self, size: int, stream: Stream, st: StreamState, first: OutOfMemoryError) -> int:
+        """The source refused: pool everything, return idle chunks, retry once."""
+        self.quiesce(st)
+        st.flush(self.boundaries)
+        ptr = st.free.take(size)
+        if ptr is not None:
+            return ptr
+        self.release_free_chunks(st)
+        try:
+            chunk, n = self.grow(size, stream, exact=True)
+        except OutOfMemoryError as exc:
+            raise OutOfMemoryError(
+                f"{self.owner!r} could not allocate {size} bytes ({format_size(size)}) on {stream!r}: it "
+                f"holds {self.held} bytes in {len(self.chunks)} chunks with {self.free_total()} free; "
+                f"upstream said: {exc}", size, self.owner) from None
+        st.free.insert(chunk, n, self.boundaries)
+        return st.free.take(size)
+
+    def release_free_chunks(self, st: StreamState) -> int:
+        """Give back every chunk that is one whole free block of ``st`` (lock held)."""
+        if not self.source.returns_chunks:
+            return 0
+        released = 0
+        stream = st.stream if self.ordered else DEFAULT_STREAM
+        for size, ptr in list(st.free.sizes):
+            if self.chunks.get(ptr) == size:
+                st.free.remove(ptr, size)
+                try:
+                    self.source.give_back(ptr, size, stream)
+                except CUDAError:
+                    st.free.add(ptr, size)
+                    raise
+                del self.chunks[ptr]
+                self.boundaries.discard(ptr)
+                self.held -= size
+                released += size
+        return released
+
+    def release(self) -> int:
+        """Give every wholly free chunk back to the source; returns the bytes released. First waits
+        for the streams that hold free memory and pools their free lists on the default stream, so a
+        chunk whose pieces were freed on different streams coalesces whole again."""
+        with self.lock:
+            if any(u != DEFAULT_STREAM.uid for u in self.states):
+                self.quiesce(self.state(DEFAULT_STREAM))
+            released = 0
+            for st in list(self.states.values()):
+                st.flush(self.boundaries)
+                released += self.release_free_chunks(st)
+            return released
+
+    # -- slow paths of the hot path -----------------------------------------------------------------
+    def allocate_slow(self, nbytes, stream: Stream, alignment) -> int:
+        """Everything the fast path does not handle: sizes that are not plain positive ints, zero,
+        and alignments above 256. Validation happens before any state changes."""
+        nbytes = check_request(nbytes, alignment, self.owner.max_alignment)
+        if nbytes == 0:
+            return 0
+        if alignment <= GRAIN:
+            return self.allocate(nbytes, stream)
+        size = (nbytes + alignment - GRAIN + 255) & -256
+        with self.lock:
+            block = self.take(size, stream)
+            ptr = block + (-block % alignment)
+            self.aligned[ptr] = (block, size, nbytes)
+            return ptr
+
+    def deallocate_slow(self, ptr, nbytes, stream: Stream, alignment) -> None:
+        """A free the fast path did not accept (lock held): zero, aligned blocks, and errors, which
+        leave everything unchanged."""
+        if ptr == 0 and nbytes == 0:
+            return
+        entry = self.aligned.get(ptr)
+        if entry is None:
+            size = self.live.get(ptr)
+            if size is None:
+                raise ValueError(f"ptr {ptr:#x} was not allocated by {self.owner!r} or was already freed")
+            if size != nbytes:
+                raise ValueError(f"nbytes {nbytes} does not match the allocation of {size} bytes at {ptr:#x}")
+            del self.live[ptr]  # an alignment > 256 for a block allocated without one: a normal free
+            block, size = ptr, (nbytes + 255) & -256
+        else:
+            block, size, n = entry
+            if n != nbytes:
+                raise ValueError(f"nbytes {nbytes} does not match the allocation of {n} bytes at {ptr:#x}")
+            del self.aligned[ptr]
+        self.cache_block(block, size, stream)
+
+    def cache_block(self, block: int, size: int, stream: Stream) -> None:
+        """Put a freed block in its stream's exact-size cache (lock held)."""
+        st = self.state(stream)
+        if st.cache is None:  # retired meanwhile (cannot happen under the lock, but rule 5)
+            st.free.insert(block, size, self.boundaries)
+            return
+        new = [block]
+        lst = st.cache.setdefault(size, new)  # never overwrite: a lock-free free may have added the key
+        if lst is not new:
+            lst.append(block)
+
+    def rescue(self, lst: list, size: int, stream: Stream) -> None:
+        """Re-home blocks appended to a cache list that is no longer attached (lock held)."""
+        for p in drain(lst):
+            self.cache_block(p, size, stream)
+
+    def close_event(self) -> None:
+        if self.event is not None and self.driver is not None:
+            self.driver.event_destroy(self.event)
+            self.event = None

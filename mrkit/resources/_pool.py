@@ -1,0 +1,159 @@
+"""``PoolResource``: a stream-ordered coalescing sub-allocator over any upstream resource."""
+from __future__ import annotations
+
+from .._engine import GRAIN, Arena, CachingResource, ChunkSource
+from .._errors import OutOfMemoryError
+from .._resource import MemoryResource
+from .._sizes import format_size, parse_size
+from .._stream import DEFAULT_STREAM, Stream
+from ..driver import Driver
+
+__all__ = ["PoolResource"]
+
+
+class UpstreamChunks(ChunkSource):
+    """Chunks allocated from an upstream resource and given back to it whole."""
+
+    __slots__ = ("upstream", "maximum_size", "growth_factor", "min_chunk")
+
+    def __init__(self, upstream: MemoryResource, maximum_size, growth_factor: float, min_chunk: int) -> None:
+        self.upstream, self.maximum_size = upstream, maximum_size
+        self.growth_factor, self.min_chunk = growth_factor, min_chunk
+
+    def grow(self, arena: Arena, size: int, stream: Stream, exact: bool):
+        held = arena.held
+        want = size if exact else max(size, self.min_chunk, int(held * self.growth_factor) & -GRAIN)
+        if self.maximum_size is not None:
+            room = self.maximum_size - held
+            if size > room:
+                raise OutOfMemoryError(
+                    f"{arena.owner!r} cannot allocate {size} bytes ({format_size(size)}): it would exceed "
+                    f"its maximum_size of {self.maximum_size} bytes (holding {held})", size, arena.owner)
+            want = min(want, room)
+        try:
+            ptr = self.upstream.allocate(want, stream)
+        except OutOfMemoryError:
+            if want == size:
+                raise
+            want = size
+            ptr = self.upstream.allocate(want, stream)
+        return ptr, want, True
+
+    def give_back(self, ptr: int, size: int, stream: Stream) -> None:
+        self.upstream.deallocate(ptr, size, stream)
+
+
+class PoolResource(CachingResource):
+    """A stream-ordered coalescing pool over any upstream resource (device pool, VMM, managed,
+    pinned, cuMemAlloc, host, or any composition): an :class:`~mrkit._engine.Arena` whose chunks come
+    from ``upstream``.
+
+    **Allocation.** Sizes round up to 256 bytes. A request is served, in order, from: the exact-size
+    cache of the requesting stream (the fast path: a dict look-up and a list pop); that stream's
+    coalesced free list (best fit); the other streams' free memory (below); a new upstream chunk. Each
+    chunk is at least ``min_chunk`` bytes and at least ``growth_factor`` times what the pool already
+    holds (1.0 doubles the pool like RMM's; the default 0.0 grows by what is needed), within
+    ``maximum_size``.
+
+    **Streams.** Free memory belongs to the stream it was freed on, keyed by the stream's unique id
+    (``cuStreamGetId``), never by its handle, so a new stream that reuses a destroyed stream's handle
+    starts with nothing. A block freed on stream S is reusable on S at once. Stream T takes S's free
+    memory only after T is ordered after S: the pool records one event on S and makes T wait on it,
+    then moves S's whole free list to T (one event per hand-over, none per deallocation). If S may no
+    longer exist, the pool synchronises the device instead.
+
+    **Out of memory.** When the upstream refuses, the pool waits for the streams holding free memory,
+    pools it, gives wholly free chunks back upstream and retries once before raising
+    :class:`~mrkit.OutOfMemoryError` naming the request, the pool's holdings and the upstream's message.
+
+    **Errors.** A double free, a foreign pointer or a wrong size raises ``ValueError``; a size or
+    alignment of the wrong type raises ``TypeError``; either leaves the pool unchanged.
+
+    **Threads.** Every method may be called from any thread, ``release()``/``trim()`` and the
+    out-of-memory reclaim concurrently with allocation: exact-size cache hits and frees take no lock;
+    everything else runs under the arena's one lock, following the rules in ``docs/design.md``.
+    """
+
+    __slots__ = ("upstream", "driver", "device_id", "_source")
+
+    def __init__(self, upstream: MemoryResource, initial_size: int | str = 0,
+                 maximum_size: int | str | None = None, *, growth_factor: float = 0.0,
+                 min_chunk: int | str = 2 << 20, driver: Driver | None = None) -> None:
+        if not isinstance(upstream, MemoryResource):
+            raise TypeError(f"upstream must be a MemoryResource, not {type(upstream).__name__}")
+        initial = -(-parse_size(initial_size, "initial_size") // GRAIN) * GRAIN
+        maximum = None if maximum_size is None else parse_size(maximum_size, "maximum_size")
+        if maximum is not None and initial > maximum:
+            raise ValueError(f"initial_size {initial} exceeds maximum_size {maximum}")
+        if isinstance(growth_factor, bool) or not isinstance(growth_factor, (int, float)):
+            raise TypeError(f"growth_factor must be a number, not {type(growth_factor).__name__}")
+        if not growth_factor >= 0 or growth_factor == float("inf"):
+            raise ValueError(f"growth_factor must be a finite number >= 0, got {growth_factor}")
+        self.upstream = upstream
+        self.driver = driver or getattr(upstream, "driver", None)
+        self.device_id = upstream.device_id
+        self._source = UpstreamChunks(upstream, maximum, float(growth_factor),
+                                      -(-parse_size(min_chunk, "min_chunk") // GRAIN) * GRAIN)
+        # Host-only memory is not stream ordered: one shared free list for every stream.
+        self._attach(Arena(self._source, self, device_id=self.device_id, driver=self.driver,
+                           ordered=upstream.device_accessible))
+        if initial:
+            arena = self.arena
+            with arena.lock:
+                st = arena.state(DEFAULT_STREAM)
+                ptr, n = arena.grow(initial, DEFAULT_STREAM, exact=True)
+                st.free.insert(ptr, n, arena.boundaries)
+
+    # -- properties -------------------------------------------------------------------------
+    @property
+    def device_accessible(self) -> bool:
+        return self.upstream.device_accessible
+
+    @property
+    def host_accessible(self) -> bool:
+        return self.upstream.host_accessible
+
+    max_alignment = 1 << 20
+
+    @property
+    def maximum_size(self) -> int | None:
+        return self._source.maximum_size
+
+    @property
+    def growth_factor(self) -> float:
+        return self._source.growth_factor
+
+    @property
+    def min_chunk(self) -> int:
+        return self._source.min_chunk
+
+    @property
+    def pool_size(self) -> int:
+        """Bytes currently held from the upstream."""
+        return self.arena.held
+
+    # -- giving memory back -------------------------------------------------------------------
+    def release(self) -> int:
+        """Give every wholly free chunk back to the upstream; returns the bytes released.
+
+        First waits for the streams that hold free memory (not the whole device, unless a stream
+        may no longer exist), then pools their free lists on the default stream, so a chunk whose
+        pieces were freed on different streams coalesces whole again and can be returned. Safe to
+        call while other threads allocate."""
+        return self.arena.release()
+
+    trim = release
+
+    def close(self) -> None:
+        """Release everything; raises ``ValueError`` if allocations are still live."""
+        arena = self.arena
+        with arena.lock:
+            if arena.live or arena.aligned:
+                raise ValueError(f"{self!r} still has {len(arena.live) + len(arena.aligned)} live allocations")
+        self.release()
+        arena.close_event()
+
+    def _describe(self) -> str:
+        m = self.maximum_size
+        lim = "" if m is None else f", maximum_size={m}"
+        return f"{self.upstream!r}{lim}"
