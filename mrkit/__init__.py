@@ -4,7 +4,7 @@ Compose resources (where memory comes from) with adaptors (what happens around e
 and plug the result into array libraries. See ``docs/`` for the guide.
 """
 from ._errors import CUDAError, CUDAUnavailableError, MrkitError, OutOfMemoryError, StreamOrderViolation
-from ._resource import Buffer, MemoryResource, get_current_resource, set_current_resource, using
+from ._resource import Buffer, MemoryResource
 from ._sizes import format_size, parse_size
 from ._stream import DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM, Event, Stream, as_stream
 from .driver import get_driver, set_backend, use_backend
@@ -19,6 +19,7 @@ from .adaptors import (
 )
 
 from ._spec import parse_spec, resource_from_spec
+from ._current import get_current_resource, set_current_resource, using
 
 __version__ = "0.1.0"
 

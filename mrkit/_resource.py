@@ -1,16 +1,12 @@
-"""The ``MemoryResource`` protocol, ``Buffer``, argument checks and the per-device current resource."""
+"""The ``MemoryResource`` protocol, ``Buffer`` and argument checks."""
 from __future__ import annotations
 
 import operator
-import threading
-from contextlib import contextmanager
 
 from ._stream import DEFAULT_STREAM, Stream, as_stream, order_after
+from .driver import get_driver
 
-__all__ = [
-    "MemoryResource", "Buffer", "check_request",
-    "get_current_resource", "set_current_resource", "using",
-]
+__all__ = ["MemoryResource", "Buffer", "check_request"]
 
 
 def check_request(nbytes, alignment, max_alignment: int) -> int:
@@ -129,7 +125,7 @@ class Buffer:
         """A DLPack capsule viewing the buffer as ``uint8[size]`` (zero-copy). ``stream`` is the
         consumer's stream (CUDA: 1 is the legacy default stream, 2 the per-thread one, -1 asks for
         no synchronisation): work on it is ordered after the work on the buffer's stream."""
-        from .integrations.dlpack import dlpack_device, to_dlpack_capsule
+        from ._dlpack import dlpack_device, to_dlpack_capsule
 
         if self.resource is None:
             raise BufferError("the buffer is closed")
@@ -142,93 +138,16 @@ class Buffer:
                 raise ValueError(f"stream must be a CUDA stream handle int (not 0), got {stream!r}")
             consumer = 0 if stream == 1 else stream
             if consumer != self.stream.handle:
-                from .driver import get_driver
                 drv = getattr(self.resource, "driver", None) or get_driver()
                 order_after(drv, self.resource.device_id or 0, consumer, self.stream.handle)
         versioned = max_version is not None and tuple(max_version)[0] >= 1
         return to_dlpack_capsule(self, versioned)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        from .integrations.dlpack import dlpack_device
+        from ._dlpack import dlpack_device
 
         return dlpack_device(self)
 
     def __repr__(self) -> str:
         state = "closed" if self.resource is None else f"from {self.resource!r}"
         return f"<mrkit.Buffer ptr={self.ptr:#x} size={self.size} {state}>"
-
-
-# -- per-device current resource ---------------------------------------------------------------
-_current: dict[int, MemoryResource] = {}
-_current_lock = threading.Lock()
-
-
-def _device_of(device) -> int:
-    if device is None:
-        return 0
-    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        raise ValueError(f"device must be a device ordinal >= 0, got {device!r}")
-    return device
-
-
-def _default_resource(device: int) -> MemoryResource:
-    import os
-
-    from .driver import get_driver
-    from .resources import CudaMemoryResource, DeviceMemoryResource
-
-    drv = get_driver()
-    spec = os.environ.get("MRKIT_RESOURCE")
-    if spec:  # validated at import; built here, on first use, for device 0
-        from ._spec import resource_from_spec
-        mr = resource_from_spec(spec, drv)
-        if (mr.device_id or 0) == device:
-            return mr
-    if drv.device_capability(device, "memory_pools_supported"):
-        return DeviceMemoryResource(device, driver=drv)
-    return CudaMemoryResource(device, driver=drv)
-
-
-def get_current_resource(device: int | None = None) -> MemoryResource:
-    """The current resource of ``device`` (device 0 by default). Unless set, it is a
-    :class:`~mrkit.resources.DeviceMemoryResource` on the device's default pool (or a
-    :class:`~mrkit.resources.CudaMemoryResource` where pools are unsupported)."""
-    dev = _device_of(device)
-    mr = _current.get(dev)
-    if mr is None:
-        with _current_lock:
-            mr = _current.get(dev)
-            if mr is None:
-                mr = _current[dev] = _default_resource(dev)
-    return mr
-
-
-def set_current_resource(mr: MemoryResource, device: int | None = None) -> MemoryResource | None:
-    """Make ``mr`` the current resource of ``device`` (its own ``device_id``, else 0); returns the previous one."""
-    if not isinstance(mr, MemoryResource):
-        raise TypeError(f"mr must be a MemoryResource, not {type(mr).__name__}")
-    dev = _device_of(device if device is not None else mr.device_id)
-    with _current_lock:
-        old = _current.get(dev)
-        _current[dev] = mr
-    return old
-
-
-@contextmanager
-def using(mr: MemoryResource, device: int | None = None):
-    """``with mrkit.using(mr):`` — ``mr`` is the current resource of its device inside the block."""
-    dev = _device_of(device if device is not None else mr.device_id)
-    old = set_current_resource(mr, dev)
-    try:
-        yield mr
-    finally:
-        with _current_lock:
-            if old is None:
-                _current.pop(dev, None)
-            else:
-                _current[dev] = old
-
-
-def _reset_current_resources() -> None:
-    with _current_lock:
-        _current.clear()

@@ -17,6 +17,11 @@ import re
 from dataclasses import dataclass
 
 from ._sizes import parse_size
+from .adaptors import LimitingAdaptor, LoggingAdaptor, StatisticsAdaptor, TrackingAdaptor
+from .resources import (
+    CudaMemoryResource, DeviceMemoryResource, HostMemoryResource, ManagedMemoryResource, PinnedMemoryResource,
+    PoolResource, VirtualMemoryResource,
+)
 
 __all__ = ["parse_spec", "build_resource", "resource_from_spec"]
 
@@ -141,11 +146,6 @@ def _validate(spec: str, node: Node) -> None:
 
 def build_resource(node: Node, driver=None):
     """Build the resources a parsed spec names."""
-    from .adaptors import LimitingAdaptor, LoggingAdaptor, StatisticsAdaptor, TrackingAdaptor
-    from .resources import (PoolResource, 
-        CudaMemoryResource, DeviceMemoryResource, HostMemoryResource, ManagedMemoryResource, PinnedMemoryResource,
-        VirtualMemoryResource,
-    )
 
     args = [build_resource(a, driver) if isinstance(a, Node) else a for a in node.args]
     kw = {k: build_resource(v, driver) if isinstance(v, Node) else v for k, v in node.kwargs.items()}

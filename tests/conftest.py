@@ -6,8 +6,8 @@ import os
 import pytest
 
 import mrkit
-from mrkit._resource import _reset_current_resources
-from mrkit.driver import CudaDriver, SimDriver, _clear_backend, set_backend
+from mrkit._current import _reset_current_resources
+from mrkit.driver import CudaDriver, SimDriver, reset_backend, set_backend
 from mrkit.testing import load_profile
 
 load_profile("ci" if os.environ.get("CI") else "dev")
@@ -49,7 +49,7 @@ def gpu():
 def _hermetic():
     yield
     _reset_current_resources()
-    _clear_backend()
+    reset_backend()
 
 
 @pytest.fixture

@@ -71,12 +71,12 @@ def test_no_driver_means_a_clear_error_never_an_import_failure():
 
 
 def test_backend_from_environment(monkeypatch):
-    from mrkit.driver import _clear_backend, get_driver
+    from mrkit.driver import reset_backend, get_driver
     monkeypatch.setenv("MRKIT_BACKEND", "sim")
-    _clear_backend()
+    reset_backend()
     assert isinstance(get_driver(), SimDriver)
     monkeypatch.setenv("MRKIT_BACKEND", "tpu")
-    _clear_backend()
+    reset_backend()
     with pytest.raises(ValueError, match="unsupported backend"):
         get_driver()
 

@@ -20,7 +20,7 @@ from .sim import SimDeviceSpec, SimDriver
 
 __all__ = [
     "Driver", "CudaDriver", "SimDriver", "SimDeviceSpec",
-    "get_driver", "set_backend", "use_backend",
+    "get_driver", "set_backend", "use_backend", "reset_backend",
     "ACCESS_FLAGS", "DEVICE_CAPABILITIES", "MANAGED_ADVICE", "POOL_ATTRIBUTES", "VMM_HANDLE_TYPES",
 ]
 
@@ -74,7 +74,7 @@ def use_backend(backend):
             _active = old
 
 
-def _clear_backend() -> None:
+def reset_backend() -> None:
     """Forget the chosen driver (the next :func:`get_driver` reads ``MRKIT_BACKEND`` again)."""
     global _active
     with _lock:

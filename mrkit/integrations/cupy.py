@@ -16,7 +16,8 @@ import atexit
 import weakref
 from contextlib import contextmanager
 
-from .._resource import Buffer, MemoryResource, get_current_resource
+from .._current import get_current_resource
+from .._resource import Buffer, MemoryResource
 from .._stream import DEFAULT_STREAM, as_stream
 from .._engine import hot_paths
 

@@ -5,7 +5,8 @@ Select it with ``NUMBA_CUDA_MEMORY_MANAGER=mrkit.numba`` or
 """
 from __future__ import annotations
 
-from .._resource import Buffer, get_current_resource
+from .._current import get_current_resource
+from .._resource import Buffer
 from .._stream import DEFAULT_STREAM
 
 __all__ = ["MrkitNumbaManager", "make_manager_class"]

@@ -13,7 +13,7 @@ from .._errors import OutOfMemoryError
 from .._resource import MemoryResource
 from .._stream import DEFAULT_STREAM, Event, Stream
 from ..adaptors import LimitingAdaptor, StatisticsAdaptor
-from ..driver import Driver, SimDriver, _clear_backend, get_driver, set_backend
+from ..driver import Driver, SimDriver, reset_backend, get_driver, set_backend
 from ._conformance import Harness, read_back, walk_stack, write_pattern
 
 __all__ = ["make_state_machine", "default_backend"]
@@ -232,7 +232,7 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
                 if self._previous_driver is not None:
                     set_backend(self._previous_driver)
                 else:
-                    _clear_backend()
+                    reset_backend()
 
     Machine.__name__ = Machine.__qualname__ = name
     return Machine

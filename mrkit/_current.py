@@ -1,0 +1,85 @@
+"""The current resource of each device: ``get_current_resource``, ``set_current_resource``, ``using``.
+
+Sits above the resources, adaptors and the spec builder (it builds the default resource and reads
+``MRKIT_RESOURCE``), so nothing below it needs a lazy import."""
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+
+from ._resource import MemoryResource
+from ._spec import resource_from_spec
+from .driver import get_driver
+from .resources import CudaMemoryResource, DeviceMemoryResource
+
+__all__ = ["get_current_resource", "set_current_resource", "using"]
+
+# -- per-device current resource ---------------------------------------------------------------
+_current: dict[int, MemoryResource] = {}
+_current_lock = threading.Lock()
+
+
+def _device_of(device) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise ValueError(f"device must be a device ordinal >= 0, got {device!r}")
+    return device
+
+
+def _default_resource(device: int) -> MemoryResource:
+    drv = get_driver()
+    spec = os.environ.get("MRKIT_RESOURCE")
+    if spec:  # validated at import; built here, on first use, for device 0
+        mr = resource_from_spec(spec, drv)
+        if (mr.device_id or 0) == device:
+            return mr
+    if drv.device_capability(device, "memory_pools_supported"):
+        return DeviceMemoryResource(device, driver=drv)
+    return CudaMemoryResource(device, driver=drv)
+
+
+def get_current_resource(device: int | None = None) -> MemoryResource:
+    """The current resource of ``device`` (device 0 by default). Unless set, it is a
+    :class:`~mrkit.resources.DeviceMemoryResource` on the device's default pool (or a
+    :class:`~mrkit.resources.CudaMemoryResource` where pools are unsupported)."""
+    dev = _device_of(device)
+    mr = _current.get(dev)
+    if mr is None:
+        with _current_lock:
+            mr = _current.get(dev)
+            if mr is None:
+                mr = _current[dev] = _default_resource(dev)
+    return mr
+
+
+def set_current_resource(mr: MemoryResource, device: int | None = None) -> MemoryResource | None:
+    """Make ``mr`` the current resource of ``device`` (its own ``device_id``, else 0); returns the previous one."""
+    if not isinstance(mr, MemoryResource):
+        raise TypeError(f"mr must be a MemoryResource, not {type(mr).__name__}")
+    dev = _device_of(device if device is not None else mr.device_id)
+    with _current_lock:
+        old = _current.get(dev)
+        _current[dev] = mr
+    return old
+
+
+@contextmanager
+def using(mr: MemoryResource, device: int | None = None):
+    """``with mrkit.using(mr):`` — ``mr`` is the current resource of its device inside the block."""
+    dev = _device_of(device if device is not None else mr.device_id)
+    old = set_current_resource(mr, dev)
+    try:
+        yield mr
+    finally:
+        with _current_lock:
+            if old is None:
+                _current.pop(dev, None)
+            else:
+                _current[dev] = old
+
+
+def _reset_current_resources() -> None:
+    with _current_lock:
+        _current.clear()
