@@ -37,8 +37,9 @@ TestHostConformance = conformance_test_class(lambda drv: HostMemoryResource(), b
 class NoWaitPool(PoolResource):
     """Takes another stream's free blocks without ordering the streams (rapidsai/rmm#2489's class of bug)."""
 
-    def _order_after(self, src, dst):
-        pass
+    def __init__(self, upstream):
+        super().__init__(upstream)
+        self.arena.order_after = lambda src, dst: None  # the engine's hand-over, planted bug
 
 
 class OverlappingBump(CudaMemoryResource):
@@ -71,8 +72,8 @@ class LosesFrees(PoolResource):
 
     def deallocate(self, ptr, nbytes, stream, alignment=256):
         if nbytes > 4096:
-            with self._lock:
-                del self._live[ptr]
+            with self.arena.lock:
+                del self.arena.live[ptr]
             return
         super().deallocate(ptr, nbytes, stream, alignment)
 
