@@ -1,11 +1,13 @@
 """``LoggingAdaptor`` (RMM-compatible CSV event logs), a log reader and ``replay``."""
 from __future__ import annotations
 
+import atexit
 import csv
 import io
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -46,6 +48,7 @@ class LoggingAdaptor(Adaptor):
         self._tid = threading.get_ident
         self._time = time.time
         self._header_written = False
+        _open_logs.add(self)
 
     # Recording is inlined in both methods — one tuple, one atomic list append per event (the stream's
     # handle resolved now, so the buffer holds only numbers and strings); formatting waits for flush().
@@ -63,10 +66,20 @@ class LoggingAdaptor(Adaptor):
         return ptr
 
     def deallocate(self, ptr, nbytes, stream, alignment=256):
-        self._up_free(ptr, nbytes, stream, alignment)
+        # Logged before the upstream frees: once it has, another thread may get the pointer again, and
+        # its "allocate" must not reach the log ahead of this "free".
         buf = self._buf
-        buf.append((self._tid(), self._time(), "free", ptr, nbytes,
-                    stream.handle if type(stream) is Stream else stream_handle(stream)))
+        event = (self._tid(), self._time(), "free", ptr, nbytes,
+                 stream.handle if type(stream) is Stream else stream_handle(stream))
+        buf.append(event)
+        try:
+            self._up_free(ptr, nbytes, stream, alignment)
+        except BaseException:
+            try:
+                buf.remove(event)  # the free did not happen (an atomic list operation)
+            except ValueError:  # pragma: no cover - a flush wrote it meanwhile
+                pass
+            raise
         if len(buf) >= self._limit:
             self.flush()
 
@@ -89,9 +102,25 @@ class LoggingAdaptor(Adaptor):
             self._file.flush()
 
     def close(self) -> None:
+        _open_logs.discard(self)
+        if self._file.closed:
+            return
         self.flush()
         if self._owns:
             self._file.close()
+
+
+_open_logs: "weakref.WeakSet[LoggingAdaptor]" = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """Interpreter exit without close(): every open log still gets its buffered events."""
+    for log in list(_open_logs):
+        try:
+            log.close() if log._owns else log.flush()
+        except Exception:  # pragma: no cover - a sink already closed by its owner
+            pass
 
 
 @dataclass(frozen=True)
@@ -123,8 +152,12 @@ def read_log(source) -> list[LogEvent]:
     """Parse a log written by :class:`LoggingAdaptor` or by RMM (a path, a file object or the text
     itself). Raises ``ValueError`` naming the line of anything it cannot read."""
     if isinstance(source, (str, os.PathLike)) and (not isinstance(source, str) or "\n" not in source):
-        with open(source, encoding="ascii") as f:
-            text = f.read()
+        try:
+            with open(source, encoding="ascii") as f:
+                text = f.read()
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"source {os.fspath(source)!r} is not an allocation log (not ASCII text: "
+                             f"byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
     elif isinstance(source, str):
         text = source
     else:

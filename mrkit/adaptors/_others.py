@@ -6,7 +6,7 @@ import traceback
 from typing import Callable
 
 from .._errors import OutOfMemoryError
-from .._resource import MemoryResource
+from .._resource import MemoryResource, check_request
 from .._sizes import format_size, parse_size
 from ._base import Adaptor
 
@@ -32,8 +32,10 @@ class LimitingAdaptor(Adaptor):
         return self._used
 
     def allocate(self, nbytes, stream, alignment=256):
-        if type(nbytes) is not int or nbytes < 0:
-            return self._up_alloc(nbytes, stream, alignment)  # upstream raises the precise error
+        if type(nbytes) is not int:  # numpy integers count like ints; bad types raise here
+            nbytes = check_request(nbytes, alignment, 1 << 62)
+        if nbytes <= 0:
+            return self._up_alloc(nbytes, stream, alignment)  # zero, or the upstream's precise error
         with self._lock:
             used = self._used
             if used + nbytes > self.limit:
@@ -50,6 +52,8 @@ class LimitingAdaptor(Adaptor):
             raise
 
     def deallocate(self, ptr, nbytes, stream, alignment=256):
+        if type(nbytes) is not int:
+            nbytes = check_request(nbytes, alignment, 1 << 62)
         self._up_free(ptr, nbytes, stream, alignment)
         if ptr:
             with self._lock:

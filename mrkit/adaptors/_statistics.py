@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._resource import MemoryResource
+from .._resource import MemoryResource, check_request
 from .._engine import hot_paths
 from ._base import Adaptor
 
@@ -108,12 +108,16 @@ class StatisticsAdaptor(Adaptor):
                 self.allocate, self.deallocate = fused  # instance attributes win over the methods
 
     def allocate(self, nbytes, stream, alignment=256):
+        if type(nbytes) is not int:  # numpy sizes (np.uint64 would negate wrongly) become ints
+            nbytes = check_request(nbytes, alignment, 1 << 62)
         ptr = self._up_alloc(nbytes, stream, alignment)
         if ptr:
             self._events.append(nbytes)  # the pending-events check is on frees (bounded by live blocks)
         return ptr
 
     def deallocate(self, ptr, nbytes, stream, alignment=256):
+        if type(nbytes) is not int:
+            nbytes = check_request(nbytes, alignment, 1 << 62)
         self._up_free(ptr, nbytes, stream, alignment)
         if ptr:
             events = self._events

@@ -207,7 +207,7 @@ class HostMemoryResource(MemoryResource):
         alignment = max(alignment, 256)
         try:
             arr = np.empty(nbytes + alignment, dtype=np.uint8)
-        except MemoryError:
+        except (MemoryError, ValueError):  # numpy: "Maximum allowed dimension exceeded" past 2**63
             raise OutOfMemoryError(f"{self!r} could not allocate {nbytes} bytes ({format_size(nbytes)}) "
                                    "of host memory", nbytes, self) from None
         base = arr.ctypes.data
