@@ -10,7 +10,7 @@ from ._stream import DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM, Event, Stream, a
 from .driver import get_driver, set_backend, use_backend
 from .resources import (
     CudaMemoryResource, DeviceMemoryResource, DeviceMemoryResourceOptions, HostMemoryResource,
-    ManagedMemoryResource, MemoryPool, PinnedMemoryResource, PoolResource, VirtualMemoryResource,
+    BinningResource, ManagedMemoryResource, MemoryPool, PinnedMemoryResource, PoolResource, VirtualMemoryResource,
     VirtualMemoryResourceOptions,
 )
 from .adaptors import (
@@ -43,7 +43,7 @@ __all__ = [
     "CudaMemoryResource", "DeviceMemoryResource", "DeviceMemoryResourceOptions", "HostMemoryResource",
     "ManagedMemoryResource", "MemoryPool", "PinnedMemoryResource", "VirtualMemoryResource",
     "VirtualMemoryResourceOptions",
-    "PoolResource",
+    "PoolResource", "BinningResource",
     "Adaptor", "LimitingAdaptor", "LoggingAdaptor", "RetryAdaptor", "Statistics", "StatisticsAdaptor",
     "TrackingAdaptor", "read_log", "replay",
     "parse_spec", "resource_from_spec",

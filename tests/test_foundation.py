@@ -20,7 +20,7 @@ EXPECTED_ALL = {
     "parse_size", "format_size", "Stream", "Event", "DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM",
     "as_stream", "get_driver", "set_backend", "use_backend", "CudaMemoryResource",
     "DeviceMemoryResource", "DeviceMemoryResourceOptions", "HostMemoryResource",
-    "ManagedMemoryResource", "MemoryPool", "PinnedMemoryResource", "PoolResource", "Adaptor",
+    "ManagedMemoryResource", "MemoryPool", "PinnedMemoryResource", "PoolResource", "BinningResource", "Adaptor",
     "VirtualMemoryResource", "VirtualMemoryResourceOptions",
     "LimitingAdaptor", "LoggingAdaptor", "RetryAdaptor", "Statistics", "StatisticsAdaptor",
     "TrackingAdaptor", "read_log", "replay", "parse_spec", "resource_from_spec", "__version__",

@@ -164,3 +164,15 @@ def test_eight_threads_with_release_every_millisecond_on_the_gpu(gpu, kind):
     mr.close()
     for s in streams:
         s.close()
+
+
+def test_binning_release_racing_allocation_loses_nothing():
+    from mrkit import BinningResource
+    drv = SimDriver(policy="eager")
+    mr = BinningResource(CudaMemoryResource(driver=drv), "64 KiB", chunk_size="1 MiB")
+    streams = _run(mr, drv, threads=4, ops=1000, churn=mr.release, sizes=(100, 3000, 65536, 2 * MiB))
+    assert mr.live_bytes == 0
+    mr.release()
+    assert mr.pool_size == 0 and sum(s for _, s, k in drv.regions() if k == "device") == 0
+    for s in streams:
+        s.close()

@@ -4,7 +4,8 @@ from __future__ import annotations
 import io
 
 from ..adaptors import LimitingAdaptor, LoggingAdaptor, RetryAdaptor, StatisticsAdaptor, TrackingAdaptor
-from ..resources import (PoolResource, 
+from ..resources import (
+    BinningResource, PoolResource,
     CudaMemoryResource, DeviceMemoryResource, DeviceMemoryResourceOptions, HostMemoryResource,
     ManagedMemoryResource, PinnedMemoryResource, VirtualMemoryResource, VirtualMemoryResourceOptions,
 )
@@ -38,6 +39,8 @@ BUILTIN_FACTORIES = {
         LoggingAdaptor(PoolResource(CudaMemoryResource(driver=drv)), io.StringIO()), capture_stacks=True),
     "retry(limiting(pool(cuda)))": lambda drv: RetryAdaptor(
         LimitingAdaptor(PoolResource(CudaMemoryResource(driver=drv)), "32 MiB"), lambda n, attempt: attempt < 2),
+    "binning(cuda)": lambda drv: BinningResource(CudaMemoryResource(driver=drv), "64 KiB", chunk_size="1 MiB"),
+    "statistics(binning(device))": lambda drv: StatisticsAdaptor(BinningResource(DeviceMemoryResource(driver=drv))),
     "statistics(host)": lambda drv: StatisticsAdaptor(HostMemoryResource()),
     "vmm": lambda drv: VirtualMemoryResource(0, driver=drv),
     "vmm(auto-release)": lambda drv: VirtualMemoryResource(

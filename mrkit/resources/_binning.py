@@ -1,0 +1,120 @@
+"""``BinningResource``: size classes in front of any upstream, on the shared engine."""
+from __future__ import annotations
+
+import threading
+
+from .._engine import GRAIN, Arena, CachingResource
+from .._resource import MemoryResource, check_request
+from .._sizes import parse_size
+from .._stream import Stream
+from ..driver import Driver
+from ._pool import UpstreamChunks
+
+__all__ = ["BinningResource"]
+
+
+class BinningResource(CachingResource):
+    """Rounds every request of up to ``max_bin`` bytes to a power-of-two size class (at least 256 B)
+    and serves it from an :class:`~mrkit._engine.Arena` over ``upstream`` (chunks of ``chunk_size``),
+    so blocks of one class are reused exactly, per stream, with the same stream ordering, reclaim
+    and thread safety as :class:`~mrkit.PoolResource`. Larger requests, and alignments above 256,
+    go straight to ``upstream`` (like RMM's ``binning_memory_resource`` over its fallback).
+
+    A free must name the size allocated (``ValueError`` otherwise, nothing changed)."""
+
+    __slots__ = ("upstream", "driver", "device_id", "max_bin", "_bin_alloc", "_bin_free", "_sizes",
+                 "_large", "_lock")
+
+    def __init__(self, upstream: MemoryResource, max_bin: int | str = "1 MiB", *,
+                 chunk_size: int | str = "4 MiB", driver: Driver | None = None) -> None:
+        if not isinstance(upstream, MemoryResource):
+            raise TypeError(f"upstream must be a MemoryResource, not {type(upstream).__name__}")
+        mb = parse_size(max_bin, "max_bin")
+        if mb < GRAIN or mb & (mb - 1):
+            raise ValueError(f"max_bin must be a power of two >= {GRAIN}, got {mb}")
+        chunk = parse_size(chunk_size, "chunk_size")
+        if chunk < mb:
+            raise ValueError(f"chunk_size {chunk} must be at least max_bin {mb}")
+        self.upstream, self.max_bin = upstream, mb
+        self.driver = driver or getattr(upstream, "driver", None)
+        self.device_id = upstream.device_id
+        src = UpstreamChunks(upstream, None, 0.0, -(-chunk // GRAIN) * GRAIN)
+        self._attach(Arena(src, self, device_id=self.device_id, driver=self.driver,
+                           ordered=upstream.device_accessible))
+        self._bin_alloc, self._bin_free = self.arena.allocate, self.arena.deallocate
+        self._sizes: dict[int, int] = {}  # ptr -> nbytes as requested (binned blocks)
+        self._large: dict[int, int] = {}  # ptr -> nbytes (served by the upstream)
+        self._lock = threading.Lock()
+        # the instance's allocate/deallocate are the binning front end, not the arena's own paths
+        CachingResource.__dict__["allocate"].__set__(self, self._allocate)
+        CachingResource.__dict__["deallocate"].__set__(self, self._deallocate)
+
+    @property
+    def device_accessible(self) -> bool:
+        return self.upstream.device_accessible
+
+    @property
+    def host_accessible(self) -> bool:
+        return self.upstream.host_accessible
+
+    @property
+    def max_alignment(self) -> int:
+        return self.upstream.max_alignment  # alignments above 256 are the upstream's to serve
+
+    def bin_size(self, nbytes: int) -> int:
+        """The size class of a request of ``nbytes`` (``nbytes`` itself above ``max_bin``)."""
+        if nbytes > self.max_bin:
+            return nbytes
+        return max(GRAIN, 1 << (nbytes - 1).bit_length())
+
+    def _allocate(self, nbytes, stream, alignment=256):
+        if type(nbytes) is not int or nbytes <= 0 or alignment != 256:
+            nbytes = check_request(nbytes, alignment, self.max_alignment)
+        if nbytes == 0:
+            return self._bin_alloc(0, stream)  # validates the stream, returns 0
+        if nbytes > self.max_bin or alignment > GRAIN:
+            ptr = self.upstream.allocate(nbytes, stream, alignment)
+            self._large[ptr] = nbytes
+            return ptr
+        ptr = self._bin_alloc(max(GRAIN, 1 << (nbytes - 1).bit_length()), stream)
+        self._sizes[ptr] = nbytes
+        return ptr
+
+    def _deallocate(self, ptr, nbytes, stream, alignment=256):
+        if type(nbytes) is not int or alignment != 256:
+            nbytes = check_request(nbytes, alignment, 1 << 62)
+        n = self._sizes.get(ptr)
+        if n is not None:
+            if n != nbytes:
+                raise ValueError(f"nbytes {nbytes} does not match the allocation of {n} bytes at {ptr:#x}")
+            self._bin_free(ptr, max(GRAIN, 1 << (nbytes - 1).bit_length()), stream)
+            del self._sizes[ptr]
+            return
+        with self._lock:
+            n = self._large.get(ptr)
+            if n is None:
+                if ptr == 0 and nbytes == 0:
+                    return
+                raise ValueError(f"ptr {ptr:#x} was not allocated by {self!r} or was already freed")
+            if n != nbytes:
+                raise ValueError(f"nbytes {nbytes} does not match the allocation of {n} bytes at {ptr:#x}")
+            del self._large[ptr]
+        self.upstream.deallocate(ptr, nbytes, stream, alignment)
+
+    @property
+    def live_bytes(self) -> int:
+        return sum(list(self._sizes.values())) + sum(list(self._large.values()))
+
+    @property
+    def pool_size(self) -> int:
+        """Bytes held from the upstream for the size classes."""
+        return self.arena.held
+
+    def release(self) -> int:
+        """Give wholly free chunks back upstream (safe while other threads allocate)."""
+        return self.arena.release()
+
+    trim = release
+
+    def _describe(self) -> str:
+        return f"{self.upstream!r}, max_bin={self.max_bin}"
