@@ -176,3 +176,32 @@ def test_binning_release_racing_allocation_loses_nothing():
     assert mr.pool_size == 0 and sum(s for _, s, k in drv.regions() if k == "device") == 0
     for s in streams:
         s.close()
+
+
+def test_host_view_under_concurrent_allocation():
+    from mrkit import DEFAULT_STREAM, HostMemoryResource
+    mr = HostMemoryResource()
+    p = mr.allocate(4096, DEFAULT_STREAM)
+    stop = threading.Event()
+    errors = []
+
+    def churn():
+        while not stop.is_set():
+            q = [mr.allocate(256, DEFAULT_STREAM) for _ in range(20)]
+            for x in q:
+                mr.deallocate(x, 256, DEFAULT_STREAM)
+
+    t = threading.Thread(target=churn)
+    t.start()
+    try:
+        for _ in range(3000):
+            try:
+                mr.view(p, 4096)[0] = 1
+            except RuntimeError as exc:  # "dictionary changed size during iteration"
+                errors.append(exc)
+                break
+    finally:
+        stop.set()
+        t.join()
+    mr.deallocate(p, 4096, DEFAULT_STREAM)
+    assert not errors, errors[0]

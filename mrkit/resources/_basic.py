@@ -232,7 +232,7 @@ class HostMemoryResource(MemoryResource):
 
     def view(self, ptr: int, nbytes: int) -> memoryview:
         """A writable memoryview of ``nbytes`` of a live allocation starting at ``ptr``."""
-        for start, (arr, size) in self._arrays.items():
+        for start, (arr, size) in list(self._arrays.items()):  # a snapshot: other threads allocate
             if start <= ptr and ptr + nbytes <= start + size:
                 off = ptr - arr.ctypes.data
                 return memoryview(arr[off:off + nbytes])
