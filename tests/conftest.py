@@ -52,6 +52,17 @@ def _hermetic():
     reset_backend()
 
 
+@pytest.fixture(params=["sim", pytest.param("cuda", marks=pytest.mark.gpu)])
+def backend(request):
+    """The driver of a test that runs on both backends: a fresh simulator always, and the cuda driver
+    where a GPU is present (skipped with its reason without one; failing under MRKIT_REQUIRE_GPU=1)."""
+    if request.param == "cuda":
+        return request.getfixturevalue("gpu")
+    drv = SimDriver()
+    set_backend(drv)
+    return drv
+
+
 @pytest.fixture
 def sim():
     """A fresh simulated device (manual scheduling), made the process's driver for the test."""

@@ -15,7 +15,7 @@ from mrkit.driver import SimDeviceSpec, SimDriver
 from mrkit.testing import make_state_machine
 
 
-def test_same_stream_reuse_is_immediate_and_exact(sim):
+def test_same_stream_reuse_is_immediate_and_exact(backend):
     pool = PoolResource(CudaMemoryResource())
     s = Stream.create()
     p = pool.allocate(1000, s)
@@ -24,7 +24,7 @@ def test_same_stream_reuse_is_immediate_and_exact(sim):
     assert pool.live_bytes == 1000 and pool.pool_size == 2 << 20
 
 
-def test_best_fit_and_coalescing(sim):
+def test_best_fit_and_coalescing(backend):
     pool = PoolResource(CudaMemoryResource(), initial_size=3 * 4096, growth_factor=0, min_chunk=4096)
     s = DEFAULT_STREAM
     a, b, c = (pool.allocate(4096, s) for _ in range(3))
@@ -38,7 +38,7 @@ def test_best_fit_and_coalescing(sim):
     assert pool.release() == 3 * 4096 and pool.pool_size == 0
 
 
-def test_blocks_of_different_chunks_never_merge(sim):
+def test_blocks_of_different_chunks_never_merge(backend):
     pool = PoolResource(CudaMemoryResource(), min_chunk=4096, growth_factor=0)
     s = DEFAULT_STREAM
     a = pool.allocate(4096, s)
@@ -52,7 +52,7 @@ def test_blocks_of_different_chunks_never_merge(sim):
     assert pool.release() == 8192
 
 
-def test_geometric_growth_and_maximum(sim):
+def test_geometric_growth_and_maximum(backend):
     pool = PoolResource(CudaMemoryResource(), initial_size="1 MiB", maximum_size="8 MiB", min_chunk=1 << 20, growth_factor=1.0)
     assert pool.pool_size == 1 << 20
     s = DEFAULT_STREAM
@@ -147,7 +147,7 @@ def test_out_of_memory_releases_cached_blocks_and_retries():
     assert "16777216" in msg and "holds" in msg and "upstream said" in msg
 
 
-def test_bad_frees_leave_the_pool_unchanged(sim):
+def test_bad_frees_leave_the_pool_unchanged(backend):
     pool = PoolResource(CudaMemoryResource())
     s = DEFAULT_STREAM
     p = pool.allocate(1000, s)
@@ -161,7 +161,7 @@ def test_bad_frees_leave_the_pool_unchanged(sim):
         pool.deallocate(p, 1000, s)
 
 
-def test_large_alignments(sim):
+def test_large_alignments(backend):
     pool = PoolResource(CudaMemoryResource())
     s = DEFAULT_STREAM
     ps = [(pool.allocate(n, s, a), n, a) for n, a in ((100, 4096), (5000, 65536), (1, 1 << 20))]
@@ -213,7 +213,7 @@ class _OwnershipCheck:
             self.errors.append(exc)
 
 
-def test_eight_threads_never_share_a_block(sim):
+def test_eight_threads_never_share_a_block(backend):
     pool = PoolResource(LimitingAdaptor(CudaMemoryResource(), "512 MiB"))
     check = _OwnershipCheck(pool)
     threads = [threading.Thread(target=check.work, args=(t, 400, lambda i, t: 256 * (1 + (i * 7 + t) % 40),
@@ -238,7 +238,7 @@ def test_pool_over_device_pool_uses_stream_ordered_chunks():
         drv.touch(p, 8, s.handle)  # the chunk went back to the driver pool
 
 
-def test_close_refuses_with_live_allocations(sim):
+def test_close_refuses_with_live_allocations(backend):
     pool = PoolResource(CudaMemoryResource())
     p = pool.allocate(10, DEFAULT_STREAM)
     with pytest.raises(ValueError, match="live allocations"):
@@ -248,7 +248,7 @@ def test_close_refuses_with_live_allocations(sim):
     assert pool.pool_size == 0
 
 
-def test_lock_free_fast_path_under_forced_thread_switches(sim):
+def test_lock_free_fast_path_under_forced_thread_switches(backend):
     """Cache hits and frees take no lock; a thread flushing the caches (release) runs beside them.
     With a switch interval of a microsecond, any double hand-out or lost block would show."""
     import sys
@@ -352,7 +352,7 @@ def test_release_waits_only_for_the_streams_that_freed_memory():
     assert not drv.stream_query(busy.handle)
 
 
-def test_a_lock_free_free_racing_a_locked_cache_insert_loses_nothing(sim):
+def test_a_lock_free_free_racing_a_locked_cache_insert_loses_nothing(backend):
     """A free of a size with no cache list inserts one with a single atomic ``setdefault``, without the
     lock; a locked insert of the same size (an aligned free) must not overwrite it. The race is forced
     here: the other free runs exactly between the locked insert's check and its store."""
