@@ -53,7 +53,7 @@ def test_pool_creation_undoes_itself_on_failure():
     drv = SimDriver([SimDeviceSpec(total_memory=1 << 20)])
     with pytest.raises(OutOfMemoryError):
         DeviceMemoryResource(0, DeviceMemoryResourceOptions(initial_size="2 MiB"), driver=drv)
-    live = [h for h, p in drv._pools.items() if not p.destroyed and not p.default]
+    live = drv.pools()
     assert live == []  # the half-built pool was destroyed
 
 
