@@ -50,13 +50,9 @@ def _describe_devices(drv, out) -> None:
         print(f"      unified addressing: {'yes' if cap('unified_addressing') else 'no'}", file=out)
 
 
-def _runtime_version() -> str:
-    try:
-        from cuda.bindings import runtime
-        err, v = runtime.cudaRuntimeGetVersion()
-        return f"{v // 1000}.{v % 1000 // 10}" if int(err) == 0 else "unavailable"
-    except Exception:  # noqa: BLE001 - the runtime library is optional
-        return "unavailable"
+def _runtime_version(cuda) -> str:
+    v = cuda.runtime_version()
+    return "unavailable" if v is None else f"{v // 1000}.{v % 1000 // 10}"
 
 
 def cmd_info(args, out=None) -> int:
@@ -73,7 +69,7 @@ def cmd_info(args, out=None) -> int:
     cuda = drv if isinstance(drv, CudaDriver) else CudaDriver()
     try:
         v = cuda.driver_version()
-        print(f"CUDA driver: {v // 1000}.{v % 1000 // 10} (runtime {_runtime_version()})", file=out)
+        print(f"CUDA driver: {v // 1000}.{v % 1000 // 10} (runtime {_runtime_version(cuda)})", file=out)
         _describe_devices(cuda, out)
         has_gpu = cuda.device_count() > 0
     except CUDAUnavailableError as exc:

@@ -155,6 +155,15 @@ class CudaDriver(Driver):
     def driver_version(self) -> int:
         return int(self._check(self.d.cuDriverGetVersion(), "cuDriverGetVersion"))
 
+    def runtime_version(self) -> int | None:
+        """cudaRuntimeGetVersion (13000 for 13.0), or None when the runtime library is not available."""
+        try:
+            from cuda.bindings import runtime
+            err, v = runtime.cudaRuntimeGetVersion()
+        except Exception:  # noqa: BLE001 - the runtime library is optional
+            return None
+        return int(v) if int(err) == 0 else None
+
     def device_count(self) -> int:
         return int(self._check(self.d.cuDeviceGetCount(), "cuDeviceGetCount"))
 
