@@ -17,9 +17,15 @@ The lock-free part reads only single atomic built-in operations (locking rule 1 
 then checks that its cache is still attached (rule 3); if not, it rescues the block under the lock.
 Everything else is ``Arena`` code under ``arena.lock``.
 
-Each path binds what it uses to closure variables once, so a call makes no attribute look-up.
+The paths are written once below as module-level template functions; each factory makes copies of
+them (``types.FunctionType`` over the same code) whose globals are that arena's own structures and
+bound methods, so a call makes no attribute look-up and reads each name with one specialised global
+load. Tracebacks and coverage point at the lines below.
 """
 from __future__ import annotations
+
+import builtins
+import types
 
 from .._resource import check_request
 from .._stream import Stream
@@ -33,8 +39,73 @@ def _checked_free_args(nbytes, alignment):
     return check_request(nbytes, alignment, 1 << 62), alignment.__index__()
 
 
+def _plain_allocate(nbytes, stream, alignment=256):
+    """Allocate ``nbytes`` for work on ``stream``: an exact-size cache hit takes no lock."""
+    if type(stream) is not Stream:
+        stream = to_stream(stream)
+    if type(nbytes) is not int or nbytes <= 0 or alignment != 256:
+        return allocate_slow(nbytes, stream, alignment)
+    size = (nbytes + 255) & -256
+    st = states_get(stream.uid)
+    if st is not None:
+        try:
+            lst = st.cache.get(size)
+        except AttributeError:  # retired: the cache is None
+            lst = None
+        if lst:
+            try:
+                ptr = lst.pop()
+            except IndexError:  # another thread took the last one
+                pass
+            else:
+                live[ptr] = nbytes
+                return ptr
+    with lock:
+        ptr = take(size, stream)
+        live[ptr] = nbytes
+    return ptr
+
+def _plain_deallocate(ptr, nbytes, stream, alignment=256):
+    """Return ``ptr`` (``nbytes`` as allocated) on ``stream``: into that stream's exact-size cache,
+    without a lock unless the cache was detached meanwhile."""
+    if type(stream) is not Stream:
+        stream = to_stream(stream)
+    if type(nbytes) is not int or alignment != 256:
+        nbytes, alignment = _checked_free_args(nbytes, alignment)
+    n = live_pop(ptr, None)
+    if n != nbytes:  # zero, aligned blocks, and every error: the locked path decides
+        if n is not None:
+            live[ptr] = n
+        with lock:
+            deallocate_slow(ptr, nbytes, stream, alignment)
+        return
+    size = (nbytes + 255) & -256
+    st = states_get(stream.uid)
+    if st is not None:
+        cache = st.cache
+        try:
+            lst = cache.get(size)
+        except AttributeError:  # retired
+            pass
+        else:
+            if lst is None:  # first block of this size: insert-or-get, one atomic dict operation
+                new = [ptr]
+                lst = cache.setdefault(size, new)
+                if lst is not new:
+                    lst.append(ptr)
+            else:
+                lst.append(ptr)
+            if st.cache is cache:  # rule 3: still attached, so the block is where it belongs
+                return
+            with lock:
+                rescue(lst, size, stream)
+            return
+    with lock:
+        cache_block(ptr, size, stream)
+
 def plain_paths(arena):
     """``(allocate, deallocate)`` over ``arena``: the resource protocol's two methods."""
+    ns = {"__builtins__": builtins, "Stream": Stream, "_checked_free_args": _checked_free_args}
     live = arena.live
     live_pop = live.pop
     lock = arena.lock
@@ -43,77 +114,89 @@ def plain_paths(arena):
     to_stream = arena.as_stream
     allocate_slow, deallocate_slow = arena.allocate_slow, arena.deallocate_slow
     rescue, cache_block = arena.rescue, arena.cache_block
+    ns.update((k, v) for k, v in locals().items() if k not in ("ns", "arena"))
+    return _instance(_plain_allocate, ns), _instance(_plain_deallocate, ns)
 
-    def allocate(nbytes, stream, alignment=256):
-        """Allocate ``nbytes`` for work on ``stream``: an exact-size cache hit takes no lock."""
-        if type(stream) is not Stream:
-            stream = to_stream(stream)
-        if type(nbytes) is not int or nbytes <= 0 or alignment != 256:
-            return allocate_slow(nbytes, stream, alignment)
-        size = (nbytes + 255) & -256
-        st = states_get(stream.uid)
-        if st is not None:
-            try:
-                lst = st.cache.get(size)
-            except AttributeError:  # retired: the cache is None
-                lst = None
-            if lst:
-                try:
-                    ptr = lst.pop()
-                except IndexError:  # another thread took the last one
-                    pass
-                else:
-                    live[ptr] = nbytes
-                    return ptr
-        with lock:
-            ptr = take(size, stream)
-            live[ptr] = nbytes
+
+def _counting_allocate(nbytes, stream, alignment=256):
+    """Allocate as the arena does, and count it."""
+    if type(stream) is not Stream:
+        stream = to_stream(stream)
+    if type(nbytes) is not int or nbytes <= 0 or alignment != 256:
+        ptr = allocate_slow(nbytes, stream, alignment)
+        if ptr:
+            record(nbytes.__index__())
         return ptr
-
-    def deallocate(ptr, nbytes, stream, alignment=256):
-        """Return ``ptr`` (``nbytes`` as allocated) on ``stream``: into that stream's exact-size cache,
-        without a lock unless the cache was detached meanwhile."""
-        if type(stream) is not Stream:
-            stream = to_stream(stream)
-        if type(nbytes) is not int or alignment != 256:
-            nbytes, alignment = _checked_free_args(nbytes, alignment)
-        n = live_pop(ptr, None)
-        if n != nbytes:  # zero, aligned blocks, and every error: the locked path decides
-            if n is not None:
-                live[ptr] = n
-            with lock:
-                deallocate_slow(ptr, nbytes, stream, alignment)
-            return
-        size = (nbytes + 255) & -256
-        st = states_get(stream.uid)
-        if st is not None:
-            cache = st.cache
+    size = (nbytes + 255) & -256
+    st = states_get(stream.uid)
+    if st is not None:
+        try:
+            lst = st.cache.get(size)
+        except AttributeError:
+            lst = None
+        if lst:
             try:
-                lst = cache.get(size)
-            except AttributeError:  # retired
+                ptr = lst.pop()
+            except IndexError:
                 pass
             else:
-                if lst is None:  # first block of this size: insert-or-get, one atomic dict operation
-                    new = [ptr]
-                    lst = cache.setdefault(size, new)
-                    if lst is not new:
-                        lst.append(ptr)
-                else:
-                    lst.append(ptr)
-                if st.cache is cache:  # rule 3: still attached, so the block is where it belongs
-                    return
-                with lock:
-                    rescue(lst, size, stream)
-                return
+                live[ptr] = nbytes
+                record(nbytes)
+                return ptr
+    with lock:
+        ptr = take(size, stream)
+        live[ptr] = nbytes
+    record(nbytes)
+    return ptr
+
+def _counting_deallocate(ptr, nbytes, stream, alignment=256):
+    """Free as the arena does, and count it (pending events stay within ``limit`` + live blocks)."""
+    if type(stream) is not Stream:
+        stream = to_stream(stream)
+    if type(nbytes) is not int or alignment != 256:
+        nbytes, alignment = _checked_free_args(nbytes, alignment)
+    n = live_pop(ptr, None)
+    if n != nbytes:
+        if n is not None:
+            live[ptr] = n
         with lock:
-            cache_block(ptr, size, stream)
-
-    return allocate, deallocate
-
+            deallocate_slow(ptr, nbytes, stream, alignment)
+        if ptr:
+            record(-nbytes)
+            if len(events) > limit:
+                on_full()
+        return
+    record(-nbytes)
+    if len(events) > limit:
+        on_full()
+    size = (nbytes + 255) & -256
+    st = states_get(stream.uid)
+    if st is not None:
+        cache = st.cache
+        try:
+            lst = cache.get(size)
+        except AttributeError:
+            pass
+        else:
+            if lst is None:
+                new = [ptr]
+                lst = cache.setdefault(size, new)
+                if lst is not new:
+                    lst.append(ptr)
+            else:
+                lst.append(ptr)
+            if st.cache is cache:
+                return
+            with lock:
+                rescue(lst, size, stream)
+            return
+    with lock:
+        cache_block(ptr, size, stream)
 
 def counting_paths(arena, events: list, on_full, limit: int):
     """:func:`plain_paths` that append ``+nbytes`` to ``events`` for each allocation and ``-nbytes``
     for each free, calling ``on_full()`` when a free finds more than ``limit`` events pending."""
+    ns = {"__builtins__": builtins, "Stream": Stream, "_checked_free_args": _checked_free_args}
     live = arena.live
     live_pop = live.pop
     lock = arena.lock
@@ -123,84 +206,78 @@ def counting_paths(arena, events: list, on_full, limit: int):
     allocate_slow, deallocate_slow = arena.allocate_slow, arena.deallocate_slow
     rescue, cache_block = arena.rescue, arena.cache_block
     record = events.append
+    ns.update((k, v) for k, v in locals().items() if k not in ("ns", "arena"))
+    return _instance(_counting_allocate, ns), _instance(_counting_deallocate, ns)
 
-    def allocate(nbytes, stream, alignment=256):
-        """Allocate as the arena does, and count it."""
-        if type(stream) is not Stream:
-            stream = to_stream(stream)
-        if type(nbytes) is not int or nbytes <= 0 or alignment != 256:
-            ptr = allocate_slow(nbytes, stream, alignment)
-            if ptr:
-                record(nbytes.__index__())
-            return ptr
-        size = (nbytes + 255) & -256
-        st = states_get(stream.uid)
-        if st is not None:
-            try:
-                lst = st.cache.get(size)
-            except AttributeError:
-                lst = None
-            if lst:
-                try:
-                    ptr = lst.pop()
-                except IndexError:
-                    pass
-                else:
-                    live[ptr] = nbytes
-                    record(nbytes)
-                    return ptr
-        with lock:
-            ptr = take(size, stream)
-            live[ptr] = nbytes
-        record(nbytes)
+
+def _hook_malloc(nbytes, device_id):
+    """Allocate ``nbytes`` on the caller's current stream of ``device_id``."""
+    if device_id != device:
+        wrong_device(device_id)
+    cs = current_stream(device_id)
+    ref, stream = seen[0]
+    if ref() is not cs:
+        stream = remember(cs)
+    if type(nbytes) is not int or nbytes <= 0:
+        ptr = allocate_slow(nbytes, stream, 256)
+        if ptr:
+            where[ptr] = stream
         return ptr
-
-    def deallocate(ptr, nbytes, stream, alignment=256):
-        """Free as the arena does, and count it (pending events stay within ``limit`` + live blocks)."""
-        if type(stream) is not Stream:
-            stream = to_stream(stream)
-        if type(nbytes) is not int or alignment != 256:
-            nbytes, alignment = _checked_free_args(nbytes, alignment)
-        n = live_pop(ptr, None)
-        if n != nbytes:
-            if n is not None:
-                live[ptr] = n
-            with lock:
-                deallocate_slow(ptr, nbytes, stream, alignment)
-            if ptr:
-                record(-nbytes)
-                if len(events) > limit:
-                    on_full()
-            return
-        record(-nbytes)
-        if len(events) > limit:
-            on_full()
-        size = (nbytes + 255) & -256
-        st = states_get(stream.uid)
-        if st is not None:
-            cache = st.cache
+    size = (nbytes + 255) & -256
+    st = states_get(stream.uid)
+    if st is not None:
+        try:
+            lst = st.cache.get(size)
+        except AttributeError:
+            lst = None
+        if lst:
             try:
-                lst = cache.get(size)
-            except AttributeError:
+                ptr = lst.pop()
+            except IndexError:
                 pass
             else:
-                if lst is None:
-                    new = [ptr]
-                    lst = cache.setdefault(size, new)
-                    if lst is not new:
-                        lst.append(ptr)
-                else:
-                    lst.append(ptr)
-                if st.cache is cache:
-                    return
-                with lock:
-                    rescue(lst, size, stream)
-                return
+                live[ptr] = nbytes
+                where[ptr] = stream
+                return ptr
+    with lock:
+        ptr = take(size, stream)
+        live[ptr] = nbytes
+    where[ptr] = stream
+    return ptr
+
+def _hook_free(ptr, device_id):
+    """Free ``ptr`` on the stream it was allocated on."""
+    stream = where_pop(ptr, None)
+    if stream is None:
+        return foreign_free(ptr)
+    nbytes = live_pop(ptr, None)
+    if nbytes is None:  # cannot happen while ``where`` and ``live`` agree; the lock decides
         with lock:
-            cache_block(ptr, size, stream)
-
-    return allocate, deallocate
-
+            deallocate_slow(ptr, -1, stream, 256)
+        return
+    size = (nbytes + 255) & -256
+    st = states_get(stream.uid)
+    if st is not None:
+        cache = st.cache
+        try:
+            lst = cache.get(size)
+        except AttributeError:
+            pass
+        else:
+            if lst is None:
+                new = [ptr]
+                lst = cache.setdefault(size, new)
+                if lst is not new:
+                    lst.append(ptr)
+            else:
+                lst.append(ptr)
+            if st.cache is cache:
+                return
+            with lock:
+                rescue(lst, size, stream)
+            return
+    with lock:
+        cache_block(ptr, size, stream)
 
 def hook_paths(arena, *, device: int, wrong_device, current_stream, seen: list, remember, foreign_free):
     """``(malloc(nbytes, device_id), free(ptr, device_id))`` over ``arena`` for allocator hooks:
@@ -210,6 +287,7 @@ def hook_paths(arena, *, device: int, wrong_device, current_stream, seen: list, 
     list holding ``(weakref to the last stream object, its mrkit Stream)`` and ``remember(obj)``
     converts a stream object and updates ``seen``; ``foreign_free(ptr)`` handles a pointer these hooks
     never handed out. Each live block's stream is remembered until it is freed."""
+    ns = {"__builtins__": builtins, "Stream": Stream, "_checked_free_args": _checked_free_args}
     live = arena.live
     live_pop = live.pop
     lock = arena.lock
@@ -219,74 +297,13 @@ def hook_paths(arena, *, device: int, wrong_device, current_stream, seen: list, 
     rescue, cache_block = arena.rescue, arena.cache_block
     where: dict[int, Stream] = {}
     where_pop = where.pop
+    ns.update((k, v) for k, v in locals().items() if k not in ("ns", "arena"))
+    return _instance(_hook_malloc, ns), _instance(_hook_free, ns)
 
-    def malloc(nbytes, device_id):
-        """Allocate ``nbytes`` on the caller's current stream of ``device_id``."""
-        if device_id != device:
-            wrong_device(device_id)
-        cs = current_stream(device_id)
-        ref, stream = seen[0]
-        if ref() is not cs:
-            stream = remember(cs)
-        if type(nbytes) is not int or nbytes <= 0:
-            ptr = allocate_slow(nbytes, stream, 256)
-            if ptr:
-                where[ptr] = stream
-            return ptr
-        size = (nbytes + 255) & -256
-        st = states_get(stream.uid)
-        if st is not None:
-            try:
-                lst = st.cache.get(size)
-            except AttributeError:
-                lst = None
-            if lst:
-                try:
-                    ptr = lst.pop()
-                except IndexError:
-                    pass
-                else:
-                    live[ptr] = nbytes
-                    where[ptr] = stream
-                    return ptr
-        with lock:
-            ptr = take(size, stream)
-            live[ptr] = nbytes
-        where[ptr] = stream
-        return ptr
 
-    def free(ptr, device_id):
-        """Free ``ptr`` on the stream it was allocated on."""
-        stream = where_pop(ptr, None)
-        if stream is None:
-            return foreign_free(ptr)
-        nbytes = live_pop(ptr, None)
-        if nbytes is None:  # cannot happen while ``where`` and ``live`` agree; the lock decides
-            with lock:
-                deallocate_slow(ptr, -1, stream, 256)
-            return
-        size = (nbytes + 255) & -256
-        st = states_get(stream.uid)
-        if st is not None:
-            cache = st.cache
-            try:
-                lst = cache.get(size)
-            except AttributeError:
-                pass
-            else:
-                if lst is None:
-                    new = [ptr]
-                    lst = cache.setdefault(size, new)
-                    if lst is not new:
-                        lst.append(ptr)
-                else:
-                    lst.append(ptr)
-                if st.cache is cache:
-                    return
-                with lock:
-                    rescue(lst, size, stream)
-                return
-        with lock:
-            cache_block(ptr, size, stream)
-
-    return malloc, free
+def _instance(template, ns: dict):
+    """A copy of ``template`` whose globals are ``ns`` (one arena's structures)."""
+    fn = types.FunctionType(template.__code__, ns, template.__name__.split("_", 2)[2], template.__defaults__)
+    fn.__doc__ = template.__doc__
+    fn.__qualname__ = fn.__name__
+    return fn
