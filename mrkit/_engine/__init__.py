@@ -43,11 +43,6 @@ class CachingResource(MemoryResource):
         with self.arena.lock:
             return self.arena.free_total()
 
-    @property
-    def live_count(self) -> int:
-        """Allocations handed out and not yet returned."""
-        return len(self.arena.live) + len(self.arena.aligned)
-
     def __eq__(self, other):
         return other is self
 

@@ -239,7 +239,7 @@ class Arena:
 
     def grow(self, size: int, stream: Stream, exact: bool = False) -> tuple[int, int]:
         ptr, n, boundary = self.source.grow(self, size, stream, exact)
-        self.chunks[ptr] = self.chunks.get(ptr, 0) + n
+        self.chunks[ptr] = n
         if boundary:
             self.boundaries.add(ptr)
         self.held += n
@@ -385,10 +385,7 @@ class Arena:
 
     def cache_block(self, block: int, size: int, stream: Stream) -> None:
         """Put a freed block in its stream's exact-size cache (lock held)."""
-        st = self.state(stream)
-        if st.cache is None:  # retired meanwhile (cannot happen under the lock, but rule 5)
-            st.free.insert(block, size, self.boundaries)
-            return
+        st = self.state(stream)  # a state in the table is never retired (rule 4)
         new = [block]
         lst = st.cache.setdefault(size, new)  # never overwrite: a lock-free free may have added the key
         if lst is not new:

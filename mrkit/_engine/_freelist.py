@@ -89,9 +89,6 @@ class FreeList:
     def total(self) -> int:
         return sum(s for s, _ in self.sizes)
 
-    def __len__(self) -> int:
-        return len(self.sizes)
-
 
 def drain(lst: list):
     """Pop every element of ``lst`` with atomic pops: with lock-free appenders and poppers around,

@@ -105,16 +105,7 @@ def _plain_deallocate(ptr, nbytes, stream, alignment=256):
 
 def plain_paths(arena):
     """``(allocate, deallocate)`` over ``arena``: the resource protocol's two methods."""
-    ns = {"__builtins__": builtins, "Stream": Stream, "_checked_free_args": _checked_free_args}
-    live = arena.live
-    live_pop = live.pop
-    lock = arena.lock
-    states_get = arena.states.get
-    take = arena.take
-    to_stream = arena.as_stream
-    allocate_slow, deallocate_slow = arena.allocate_slow, arena.deallocate_slow
-    rescue, cache_block = arena.rescue, arena.cache_block
-    ns.update((k, v) for k, v in locals().items() if k not in ("ns", "arena"))
+    ns = _namespace(arena)
     return _instance(_plain_allocate, ns), _instance(_plain_deallocate, ns)
 
 
@@ -196,17 +187,7 @@ def _counting_deallocate(ptr, nbytes, stream, alignment=256):
 def counting_paths(arena, events: list, on_full, limit: int):
     """:func:`plain_paths` that append ``+nbytes`` to ``events`` for each allocation and ``-nbytes``
     for each free, calling ``on_full()`` when a free finds more than ``limit`` events pending."""
-    ns = {"__builtins__": builtins, "Stream": Stream, "_checked_free_args": _checked_free_args}
-    live = arena.live
-    live_pop = live.pop
-    lock = arena.lock
-    states_get = arena.states.get
-    take = arena.take
-    to_stream = arena.as_stream
-    allocate_slow, deallocate_slow = arena.allocate_slow, arena.deallocate_slow
-    rescue, cache_block = arena.rescue, arena.cache_block
-    record = events.append
-    ns.update((k, v) for k, v in locals().items() if k not in ("ns", "arena"))
+    ns = _namespace(arena, events=events, on_full=on_full, limit=limit, record=events.append)
     return _instance(_counting_allocate, ns), _instance(_counting_deallocate, ns)
 
 
@@ -287,18 +268,21 @@ def hook_paths(arena, *, device: int, wrong_device, current_stream, seen: list, 
     list holding ``(weakref to the last stream object, its mrkit Stream)`` and ``remember(obj)``
     converts a stream object and updates ``seen``; ``foreign_free(ptr)`` handles a pointer these hooks
     never handed out. Each live block's stream is remembered until it is freed."""
-    ns = {"__builtins__": builtins, "Stream": Stream, "_checked_free_args": _checked_free_args}
-    live = arena.live
-    live_pop = live.pop
-    lock = arena.lock
-    states_get = arena.states.get
-    take = arena.take
-    allocate_slow, deallocate_slow = arena.allocate_slow, arena.deallocate_slow
-    rescue, cache_block = arena.rescue, arena.cache_block
     where: dict[int, Stream] = {}
-    where_pop = where.pop
-    ns.update((k, v) for k, v in locals().items() if k not in ("ns", "arena"))
+    ns = _namespace(arena, device=device, wrong_device=wrong_device, current_stream=current_stream,
+                    seen=seen, remember=remember, foreign_free=foreign_free, where=where,
+                    where_pop=where.pop)
     return _instance(_hook_malloc, ns), _instance(_hook_free, ns)
+
+
+def _namespace(arena, **extra) -> dict:
+    """The globals of one arena's hot path: its structures and bound methods, bound once."""
+    live = arena.live
+    return {"__builtins__": builtins, "Stream": Stream, "_checked_free_args": _checked_free_args,
+            "live": live, "live_pop": live.pop, "lock": arena.lock, "states_get": arena.states.get,
+            "take": arena.take, "to_stream": arena.as_stream, "allocate_slow": arena.allocate_slow,
+            "deallocate_slow": arena.deallocate_slow, "rescue": arena.rescue,
+            "cache_block": arena.cache_block, **extra}
 
 
 def _instance(template, ns: dict):

@@ -6,14 +6,13 @@ import threading
 from .._engine import GRAIN, Arena, CachingResource
 from .._resource import MemoryResource, check_request
 from .._sizes import parse_size
-from .._stream import Stream
 from ..driver import Driver
-from ._pool import UpstreamChunks
+from ._pool import UpstreamCachingResource, UpstreamChunks
 
 __all__ = ["BinningResource"]
 
 
-class BinningResource(CachingResource):
+class BinningResource(UpstreamCachingResource):
     """Rounds every request of up to ``max_bin`` bytes to a power-of-two size class (at least 256 B)
     and serves it from an :class:`~mrkit._engine.Arena` over ``upstream`` (chunks of ``chunk_size``),
     so blocks of one class are reused exactly, per stream, with the same stream ordering, reclaim
@@ -22,22 +21,19 @@ class BinningResource(CachingResource):
 
     A free must name the size allocated (``ValueError`` otherwise, nothing changed)."""
 
-    __slots__ = ("upstream", "driver", "device_id", "max_bin", "_bin_alloc", "_bin_free", "_sizes",
+    __slots__ = ("max_bin", "_bin_alloc", "_bin_free", "_sizes",
                  "_large", "_lock")
 
     def __init__(self, upstream: MemoryResource, max_bin: int | str = "1 MiB", *,
                  chunk_size: int | str = "4 MiB", driver: Driver | None = None) -> None:
-        if not isinstance(upstream, MemoryResource):
-            raise TypeError(f"upstream must be a MemoryResource, not {type(upstream).__name__}")
+        self._set_upstream(upstream, driver)
         mb = parse_size(max_bin, "max_bin")
         if mb < GRAIN or mb & (mb - 1):
             raise ValueError(f"max_bin must be a power of two >= {GRAIN}, got {mb}")
         chunk = parse_size(chunk_size, "chunk_size")
         if chunk < mb:
             raise ValueError(f"chunk_size {chunk} must be at least max_bin {mb}")
-        self.upstream, self.max_bin = upstream, mb
-        self.driver = driver or getattr(upstream, "driver", None)
-        self.device_id = upstream.device_id
+        self.max_bin = mb
         src = UpstreamChunks(upstream, None, 0.0, -(-chunk // GRAIN) * GRAIN)
         self._attach(Arena(src, self, device_id=self.device_id, driver=self.driver,
                            ordered=upstream.device_accessible))
@@ -48,14 +44,6 @@ class BinningResource(CachingResource):
         # the instance's allocate/deallocate are the binning front end, not the arena's own paths
         CachingResource.__dict__["allocate"].__set__(self, self._allocate)
         CachingResource.__dict__["deallocate"].__set__(self, self._deallocate)
-
-    @property
-    def device_accessible(self) -> bool:
-        return self.upstream.device_accessible
-
-    @property
-    def host_accessible(self) -> bool:
-        return self.upstream.host_accessible
 
     @property
     def max_alignment(self) -> int:

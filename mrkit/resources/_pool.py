@@ -8,7 +8,7 @@ from .._sizes import format_size, parse_size
 from .._stream import DEFAULT_STREAM, Stream
 from ..driver import Driver
 
-__all__ = ["PoolResource"]
+__all__ = ["PoolResource", "UpstreamCachingResource", "UpstreamChunks"]
 
 
 class UpstreamChunks(ChunkSource):
@@ -43,7 +43,29 @@ class UpstreamChunks(ChunkSource):
         self.upstream.deallocate(ptr, size, stream)
 
 
-class PoolResource(CachingResource):
+class UpstreamCachingResource(CachingResource):
+    """A caching resource whose chunks come from an ``upstream`` resource (pool, binning): validates
+    the upstream, takes its driver and device, and answers the accessibility properties from it."""
+
+    __slots__ = ("upstream", "driver", "device_id")
+
+    def _set_upstream(self, upstream: MemoryResource, driver: Driver | None) -> None:
+        if not isinstance(upstream, MemoryResource):
+            raise TypeError(f"upstream must be a MemoryResource, not {type(upstream).__name__}")
+        self.upstream = upstream
+        self.driver = driver or getattr(upstream, "driver", None)
+        self.device_id = upstream.device_id
+
+    @property
+    def device_accessible(self) -> bool:
+        return self.upstream.device_accessible
+
+    @property
+    def host_accessible(self) -> bool:
+        return self.upstream.host_accessible
+
+
+class PoolResource(UpstreamCachingResource):
     """A stream-ordered coalescing pool over any upstream resource (device pool, VMM, managed,
     pinned, cuMemAlloc, host, or any composition): an :class:`~mrkit._engine.Arena` whose chunks come
     from ``upstream``.
@@ -74,13 +96,12 @@ class PoolResource(CachingResource):
     everything else runs under the arena's one lock, following the rules in ``docs/design.md``.
     """
 
-    __slots__ = ("upstream", "driver", "device_id", "_source")
+    __slots__ = ("_source",)
 
     def __init__(self, upstream: MemoryResource, initial_size: int | str = 0,
                  maximum_size: int | str | None = None, *, growth_factor: float = 0.0,
                  min_chunk: int | str = 2 << 20, driver: Driver | None = None) -> None:
-        if not isinstance(upstream, MemoryResource):
-            raise TypeError(f"upstream must be a MemoryResource, not {type(upstream).__name__}")
+        self._set_upstream(upstream, driver)
         initial = -(-parse_size(initial_size, "initial_size") // GRAIN) * GRAIN
         maximum = None if maximum_size is None else parse_size(maximum_size, "maximum_size")
         if maximum is not None and initial > maximum:
@@ -89,9 +110,6 @@ class PoolResource(CachingResource):
             raise TypeError(f"growth_factor must be a number, not {type(growth_factor).__name__}")
         if not growth_factor >= 0 or growth_factor == float("inf"):
             raise ValueError(f"growth_factor must be a finite number >= 0, got {growth_factor}")
-        self.upstream = upstream
-        self.driver = driver or getattr(upstream, "driver", None)
-        self.device_id = upstream.device_id
         self._source = UpstreamChunks(upstream, maximum, float(growth_factor),
                                       -(-parse_size(min_chunk, "min_chunk") // GRAIN) * GRAIN)
         # Host-only memory is not stream ordered: one shared free list for every stream.
@@ -103,15 +121,6 @@ class PoolResource(CachingResource):
                 st = arena.state(DEFAULT_STREAM)
                 ptr, n = arena.grow(initial, DEFAULT_STREAM, exact=True)
                 st.free.insert(ptr, n, arena.boundaries)
-
-    # -- properties -------------------------------------------------------------------------
-    @property
-    def device_accessible(self) -> bool:
-        return self.upstream.device_accessible
-
-    @property
-    def host_accessible(self) -> bool:
-        return self.upstream.host_accessible
 
     max_alignment = 1 << 20
 
