@@ -11,9 +11,10 @@ from mrkit.driver import SimDeviceSpec, SimDriver
 MiB = 1 << 20
 
 
-def test_growth_free_trim_regrowth_tracks_mapped_bytes():
-    drv = SimDriver([SimDeviceSpec(total_memory=256 * MiB)])
-    mr = VirtualMemoryResource(0, driver=drv)
+def test_growth_free_trim_regrowth_tracks_mapped_bytes(backend):
+    drv = backend
+    on_sim = isinstance(drv, SimDriver)
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size="512 MiB"), driver=drv)
     assert mr.reserved_bytes == 512 * MiB and mr.mapped_bytes == 0
     s = Stream.create(driver=drv)
     a = mr.allocate(3 * MiB, s)  # two 2 MiB pages
@@ -25,11 +26,14 @@ def test_growth_free_trim_regrowth_tracks_mapped_bytes():
     free0 = drv.mem_get_info(0)[0]
     mr.deallocate(b, 5 * MiB, s)
     assert mr.trim() == 4 * MiB  # pages wholly inside the free range; page 1 is shared with a
-    assert mr.mapped_bytes == 4 * MiB and drv.mem_get_info(0)[0] == free0 + 4 * MiB
+    assert mr.mapped_bytes == 4 * MiB
+    if on_sim:  # the GPU's free-memory figure moves with everything else on the machine
+        assert drv.mem_get_info(0)[0] == free0 + 4 * MiB
     assert drv.copy_to_host(a, 4, s.handle) == b"\x01" * 4  # a untouched
-    with pytest.raises(StreamOrderViolation) as v:
-        drv.touch(b + 2 * MiB, 8, s.handle)  # b's pages are gone
-    assert v.value.kind == "unmapped"
+    if on_sim:  # on a GPU this would be an illegal address that kills the context
+        with pytest.raises(StreamOrderViolation) as v:
+            drv.touch(b + 2 * MiB, 8, s.handle)  # b's pages are gone
+        assert v.value.kind == "unmapped"
     c = mr.allocate(5 * MiB, s)  # maps pages again
     assert mr.mapped_bytes == 8 * MiB
     drv.memset_async(c, 3, 5 * MiB, s.handle)
@@ -38,7 +42,9 @@ def test_growth_free_trim_regrowth_tracks_mapped_bytes():
     mr.deallocate(a, 3 * MiB, s)
     assert mr.trim() == 8 * MiB and mr.mapped_bytes == 0 and mr.mapped_high == 8 * MiB
     mr.close()
-    assert drv.mem_get_info(0)[0] == 256 * MiB and drv.regions() == []
+    s.close()
+    if on_sim:
+        assert drv.mem_get_info(0)[0] == drv.device_total_mem(0) and drv.regions() == []
 
 
 def test_out_of_memory_half_way_leaves_nothing_mapped():
@@ -80,16 +86,15 @@ def test_peer_access_and_options():
         VirtualMemoryResource(0, driver=SimDriver([SimDeviceSpec(vmm=False)]))
 
 
-def test_reservation_exhaustion_is_out_of_memory():
-    drv = SimDriver()
-    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size="8 MiB"), driver=drv)
+def test_reservation_exhaustion_is_out_of_memory(backend):
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size="8 MiB"), driver=backend)
     with pytest.raises(OutOfMemoryError, match="reservation is exhausted"):
         mr.allocate(16 * MiB, DEFAULT_STREAM)
 
 
 @pytest.mark.parametrize("max_mapping,creates", [("64 MiB", 2), ("2 MiB", 40)])
-def test_pages_are_mapped_in_runs(max_mapping, creates):
-    drv = SimDriver([SimDeviceSpec(total_memory=1 << 30)])
+def test_pages_are_mapped_in_runs(max_mapping, creates, backend):
+    drv = backend
     calls = []
     orig = drv.mem_create
     drv.mem_create = lambda dev, n, *rest: (calls.append(n), orig(dev, n, *rest))[1]
@@ -187,9 +192,9 @@ def test_coverage_matches_a_set_of_pages(ops):
         assert all(cov.end[x] < y for x, y in zip(cov.starts, cov.starts[1:]))
 
 
-def test_growth_reuses_a_free_tail_instead_of_carving_past_it():
+def test_growth_reuses_a_free_tail_instead_of_carving_past_it(backend):
     """When the free memory at the top is too small, only the missing part is carved and mapped."""
-    d = SimDriver(devices=[SimDeviceSpec(total_memory=1 << 30)], policy="eager")
+    d = backend
     mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size="256 MiB"), driver=d)
     s = DEFAULT_STREAM
     a = mr.allocate(8 << 20, s)
@@ -202,11 +207,11 @@ def test_growth_reuses_a_free_tail_instead_of_carving_past_it():
     mr.close()
 
 
-def test_a_repeated_workload_maps_nothing_new():
+def test_a_repeated_workload_maps_nothing_new(backend):
     """Wilderness-preserving best fit, cached blocks coalesced first: the second run of the same
     allocation sequence lands where the first did, so it maps no page and the footprint stays."""
     import random
-    d = SimDriver(devices=[SimDeviceSpec(total_memory=8 << 30)], policy="eager")
+    d = backend
     mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size="32 GiB"), driver=d)
     creates = []
     real_create = d.mem_create
@@ -214,8 +219,8 @@ def test_a_repeated_workload_maps_nothing_new():
     rng = random.Random(5)
     steps, live, cur = [], [], 0
     for i in range(300):
-        n = rng.randint(1, 96 << 20)
-        if (rng.random() < 0.5 or not live) and cur + n <= (2 << 30):
+        n = rng.randint(1, 24 << 20)
+        if (rng.random() < 0.5 or not live) and cur + n <= (512 << 20):
             steps.append(("a", n, i))
             live.append((i, n))
             cur += n
