@@ -208,3 +208,29 @@ def test_host_view_under_concurrent_allocation():
         t.join()
     mr.deallocate(p, 4096, DEFAULT_STREAM)
     assert not errors, errors[0]
+
+
+def test_binning_block_reused_by_another_thread_during_its_free_keeps_its_new_owner():
+    """The window the GPU run found: a binned block went back to the arena before its size record
+    was dropped, so a thread handed the same address in between lost its record (and its free)."""
+    from mrkit import BinningResource
+    drv = SimDriver(policy="eager")
+    mr = BinningResource(CudaMemoryResource(driver=drv), "64 KiB", chunk_size="1 MiB")
+    s = Stream.create(driver=drv)
+    a = mr.allocate(1000, s)
+    real, got = mr._bin_free, []
+
+    def free_then_another_thread_allocates(ptr, n, stream):
+        real(ptr, n, stream)
+        t = threading.Thread(target=lambda: got.append(mr.allocate(1000, stream)))
+        t.start()
+        t.join()
+
+    mr._bin_free = free_then_another_thread_allocates
+    mr.deallocate(a, 1000, s)
+    mr._bin_free = real
+    assert got == [a]  # same stream: the block is reused at once
+    mr.deallocate(got[0], 1000, s)  # the new owner's free is accepted
+    assert mr.live_bytes == 0
+    mr.release()
+    assert mr.pool_size == 0

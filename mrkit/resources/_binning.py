@@ -75,8 +75,14 @@ class BinningResource(UpstreamCachingResource):
         if n is not None:
             if n != nbytes:
                 raise ValueError(f"nbytes {nbytes} does not match the allocation of {n} bytes at {ptr:#x}")
-            self._bin_free(ptr, max(GRAIN, 1 << (nbytes - 1).bit_length()), stream)
+            # forget the block before it goes back: once freed, another thread may be handed the
+            # same address and record it here, which a later ``del`` would wipe out
             del self._sizes[ptr]
+            try:
+                self._bin_free(ptr, max(GRAIN, 1 << (nbytes - 1).bit_length()), stream)
+            except BaseException:
+                self._sizes[ptr] = n  # refused (a bad stream): the block is still the caller's
+                raise
             return
         with self._lock:
             n = self._large.get(ptr)
