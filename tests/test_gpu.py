@@ -282,3 +282,48 @@ def test_vmm_moves_free_pages_on_the_gpu(gpu):
     mr.close()
     s.close()
     t.close()
+
+
+def test_mrkit_leaves_the_callers_context_as_it_found_it(gpu):
+    """A thread with no current context (every new thread) can use a pool on the default stream,
+    release it, allocate pinned memory and reserve addresses, and still has no context afterwards;
+    a thread whose context another library made current keeps exactly that context."""
+    import threading
+
+    from cuda.bindings import driver as cu
+
+    def current():
+        err, ctx = cu.cuCtxGetCurrent()
+        assert err == cu.CUresult.CUDA_SUCCESS
+        return int(ctx)
+
+    mr = PoolResource(DeviceMemoryResource(0, driver=gpu), initial_size="8 MiB")
+    pinned = PinnedMemoryResource(driver=gpu)
+    seen, errors = [], []
+
+    def fresh_thread():
+        try:
+            before = current()
+            p = mr.allocate(1 << 20, DEFAULT_STREAM)
+            mr.deallocate(p, 1 << 20, DEFAULT_STREAM)
+            q = mr.allocate(3 << 20, Stream.create(0, driver=gpu))  # a hand-over and a release
+            mr.deallocate(q, 3 << 20, DEFAULT_STREAM)
+            mr.release()
+            h = pinned.allocate(4096, DEFAULT_STREAM)
+            pinned.deallocate(h, 4096, DEFAULT_STREAM)
+            seen.append((before, current()))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=fresh_thread)
+    t.start()
+    t.join()
+    assert not errors, errors[0]
+    assert seen == [(0, 0)]  # no context before, none after: mrkit switched nothing behind the thread
+    # a thread that has a context (device 0's primary, as CuPy and PyTorch make it) keeps it
+    gpu.ensure_context(0)
+    mine = current()
+    p = mr.allocate(1 << 20, DEFAULT_STREAM)
+    mr.deallocate(p, 1 << 20, DEFAULT_STREAM)
+    assert current() == mine != 0
+    mr.close()

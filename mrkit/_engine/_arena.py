@@ -190,19 +190,26 @@ class Arena:
         """Make future work on ``dst`` wait for the work queued so far on ``src`` (one event), or
         synchronise the device when ``src`` may no longer exist."""
         drv = self.driver or get_driver()
-        if src.alive:
-            if self.event is None:
-                self.event = drv.event_create(self.device_id or 0)
+        if not src.alive:
+            drv.ctx_synchronize(self.device_id or 0)
+            return
+        if self.event is None:
+            self.event = drv.event_create(self.device_id or 0)
+        if src.uid < 0 or dst.uid < 0:  # a default stream means this device's, whatever is current
+            with drv.on_device(self.device_id or 0):
+                drv.event_record(self.event, src.handle)
+                drv.stream_wait_event(dst.handle, self.event)
+        else:
             drv.event_record(self.event, src.handle)
             drv.stream_wait_event(dst.handle, self.event)
-        else:
-            drv.ctx_synchronize(self.device_id or 0)
 
     def wait_for(self, stream: Stream) -> None:
         """Synchronise ``stream`` (one mrkit knows to be alive)."""
         if stream.uid < 0:
-            self.driver.ensure_context(self.device_id or 0)  # the default streams are the current context's
-        self.driver.stream_synchronize(stream.handle)
+            with self.driver.on_device(self.device_id or 0):  # this device's default stream
+                self.driver.stream_synchronize(stream.handle)
+        else:
+            self.driver.stream_synchronize(stream.handle)
 
     # -- the locked allocation path ---------------------------------------------------------------
     def take(self, size: int, stream: Stream) -> int:

@@ -9,6 +9,7 @@ simulated device).
 from __future__ import annotations
 
 import abc
+import contextlib
 from abc import abstractmethod
 
 __all__ = ["Driver", "DEVICE_CAPABILITIES", "POOL_ATTRIBUTES", "ACCESS_FLAGS", "MANAGED_ADVICE"]
@@ -80,7 +81,13 @@ class Driver(abc.ABC):
         """cuMemGetInfo in ``dev``'s context: ``(free, total)`` bytes."""
     @abstractmethod
     def ensure_context(self, dev: int) -> None:
-        """Make ``dev``'s primary context current on this thread (retained once)."""
+        """Make ``dev``'s primary context current on this thread and leave it so (retained once).
+        mrkit itself never calls this: it uses :meth:`on_device`, which restores the caller's."""
+    @abstractmethod
+    def on_device(self, dev: int) -> "contextlib.AbstractContextManager[None]":
+        """A context manager: ``dev``'s primary context is current inside it (cuCtxSetCurrent only
+        when it is not already), and the thread's previous context, or none, is current again on
+        exit. Work on a default stream (handle 0) inside it is ``dev``'s default stream."""
     @abstractmethod
     def ctx_synchronize(self, dev: int) -> None:
         """cuCtxSynchronize of ``dev``'s context: all work on every stream of the device has completed."""

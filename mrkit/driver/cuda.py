@@ -11,6 +11,7 @@ The 12.x/13.x differences live here alone: ``cuMemAdvise``/``cuMemPrefetchAsync`
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 
@@ -94,9 +95,10 @@ class CudaDriver(Driver):
 
     def __init__(self) -> None:
         self._drv = None
-        self._lock = threading.RLock()  # ensure_context loads the driver while holding it
-        self._ctx: dict[int, object] = {}
-        self._tls = threading.local()
+        self._lock = threading.RLock()  # _primary loads the driver while holding it
+        self._ctx: dict[int, object] = {}  # device -> retained primary context
+        self._ctx_int: dict[int, int] = {}
+        self._event_dev: dict[int, int] = {}
         self._pool_dev: dict[int, int] = {}
         self._stream_dev: dict[int, int] = {}
 
@@ -183,9 +185,15 @@ class CudaDriver(Driver):
         attr = self._enum("CUdevice_attribute", _CAPS[name])
         return int(self._check(self.d.cuDeviceGetAttribute(attr, self._dev(dev)), "cuDeviceGetAttribute"))
 
-    def ensure_context(self, dev: int) -> None:
-        if getattr(self._tls, "dev", None) == dev:
-            return
+    # -- contexts --------------------------------------------------------------------------
+    # mrkit never leaves a context switched behind the caller's back: every call that needs a
+    # device runs inside ``_enter(dev)`` / ``_leave(prev)``, which makes ``dev``'s primary context
+    # current only when it is not already (one cuCtxGetCurrent in the common case) and puts the
+    # caller's context (or none) back afterwards. Calls on a *default* stream (handles 0, 1, 2) use
+    # whatever context is current, as CUDA defines; a thread with none gets CUDA_ERROR_INVALID_CONTEXT
+    # from the driver, and the call is retried once inside the context of the device that owns the
+    # event or pointer involved (zero cost when it succeeds first time).
+    def _primary(self, dev: int):
         ctx = self._ctx.get(dev)
         if ctx is None:
             with self._lock:
@@ -193,18 +201,70 @@ class CudaDriver(Driver):
                 if ctx is None:
                     ctx = self._check(self.d.cuDevicePrimaryCtxRetain(self._dev(dev)),
                                       "cuDevicePrimaryCtxRetain")
+                    self._ctx_int[dev] = int(ctx)
                     self._ctx[dev] = ctx
-        self._check(self.d.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-        self._tls.dev = dev
+        return ctx
+
+    def _enter(self, dev: int):
+        """Make ``dev``'s primary context current; returns the context to restore, or None."""
+        ctx = self._primary(dev)
+        d = self._drv
+        cur = d.cuCtxGetCurrent()[1]
+        if int(cur) == self._ctx_int[dev]:
+            return None
+        self._check(d.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        return cur
+
+    def _leave(self, prev) -> None:
+        if prev is not None:
+            self._check(self._drv.cuCtxSetCurrent(prev), "cuCtxSetCurrent")
+
+    def _enter_any(self):
+        """Some context current (device 0's primary if the thread has none); returns what to restore."""
+        cur = self.d.cuCtxGetCurrent()[1]
+        if int(cur) != 0:
+            return None
+        return self._enter(0)
+
+    def _in(self, dev: int, fn, args, call: str, nbytes: int | None = None):
+        """``fn(*args)`` checked, inside ``dev``'s context."""
+        prev = self._enter(dev)
+        try:
+            return self._check(fn(*args), call, nbytes)
+        finally:
+            self._leave(prev)
+
+    def _ptr_dev(self, ptr: int) -> int:
+        """The device that owns ``ptr`` (0 when the driver cannot tell, e.g. host memory)."""
+        d = self.d
+        res = d.cuPointerGetAttribute(d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
+        return int(res[1]) if res[0] == 0 and int(res[1]) >= 0 else 0
+
+    def _on_stream(self, fn, args, call: str, stream: int, dev_of, nbytes: int | None = None):
+        """``fn(*args)`` checked; on a default stream in a thread with no context, retried once in
+        the context of ``dev_of()`` (the device owning the event or memory involved)."""
+        res = fn(*args)
+        if res[0] != 0 and int(res[0]) == 201 and stream in (0, 1, 2):
+            return self._in(dev_of(), fn, args, call, nbytes)
+        return self._check(res, call, nbytes)
+
+    def ensure_context(self, dev: int) -> None:
+        self._check(self.d.cuCtxSetCurrent(self._primary(dev)), "cuCtxSetCurrent")
+
+    @contextlib.contextmanager
+    def on_device(self, dev: int):
+        prev = self._enter(dev)
+        try:
+            yield
+        finally:
+            self._leave(prev)
 
     def mem_get_info(self, dev: int) -> tuple[int, int]:
-        self.ensure_context(dev)
-        free, total = self._check(self.d.cuMemGetInfo(), "cuMemGetInfo")
+        free, total = self._in(dev, self.d.cuMemGetInfo, (), "cuMemGetInfo")
         return int(free), int(total)
 
     def ctx_synchronize(self, dev: int) -> None:
-        self.ensure_context(dev)
-        self._check(self.d.cuCtxSynchronize(), "cuCtxSynchronize")
+        self._in(dev, self.d.cuCtxSynchronize, (), "cuCtxSynchronize")
 
     def can_access_peer(self, dev: int, peer: int) -> bool:
         return bool(self._check(self.d.cuDeviceCanAccessPeer(self._dev(dev), self._dev(peer)),
@@ -212,9 +272,8 @@ class CudaDriver(Driver):
 
     # -- streams and events ---------------------------------------------------------------
     def stream_create(self, dev: int, nonblocking: bool = True, priority: int = 0) -> int:
-        self.ensure_context(dev)
         flags = 1 if nonblocking else 0  # CU_STREAM_NON_BLOCKING
-        h = int(self._check(self.d.cuStreamCreateWithPriority(flags, priority), "cuStreamCreateWithPriority"))
+        h = int(self._in(dev, self.d.cuStreamCreateWithPriority, (flags, priority), "cuStreamCreateWithPriority"))
         self._stream_dev[h] = dev
         return h
 
@@ -223,7 +282,8 @@ class CudaDriver(Driver):
         self._stream_dev.pop(stream, None)
 
     def stream_synchronize(self, stream: int) -> None:
-        self._check(self.d.cuStreamSynchronize(stream), "cuStreamSynchronize")
+        # a default stream in a thread with no context: device 0's (the CUDA runtime's choice too)
+        self._on_stream(self.d.cuStreamSynchronize, (stream,), "cuStreamSynchronize", stream, lambda: 0)
 
     def stream_query(self, stream: int) -> bool:
         res = self.d.cuStreamQuery(stream)
@@ -252,17 +312,21 @@ class CudaDriver(Driver):
             self._check(d.cuCtxPopCurrent(), "cuCtxPopCurrent")
 
     def stream_wait_event(self, stream: int, event: int) -> None:
-        self._check(self.d.cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
+        self._on_stream(self.d.cuStreamWaitEvent, (stream, event, 0), "cuStreamWaitEvent", stream,
+                        lambda: self._event_dev.get(event, 0))
 
     def event_create(self, dev: int) -> int:
-        self.ensure_context(dev)
-        return int(self._check(self.d.cuEventCreate(2), "cuEventCreate"))  # CU_EVENT_DISABLE_TIMING
+        ev = int(self._in(dev, self.d.cuEventCreate, (2,), "cuEventCreate"))  # CU_EVENT_DISABLE_TIMING
+        self._event_dev[ev] = dev
+        return ev
 
     def event_destroy(self, event: int) -> None:
         self._check(self.d.cuEventDestroy(event), "cuEventDestroy")
+        self._event_dev.pop(event, None)
 
     def event_record(self, event: int, stream: int) -> None:
-        self._check(self.d.cuEventRecord(event, stream), "cuEventRecord")
+        self._on_stream(self.d.cuEventRecord, (event, stream), "cuEventRecord", stream,
+                        lambda: self._event_dev.get(event, 0))
 
     def event_query(self, event: int) -> bool:
         res = self.d.cuEventQuery(event)
@@ -276,17 +340,18 @@ class CudaDriver(Driver):
 
     # -- plain allocation --------------------------------------------------------------------
     def mem_alloc(self, dev: int, nbytes: int) -> int:
-        self.ensure_context(dev)
-        return int(self._check(self.d.cuMemAlloc(nbytes), "cuMemAlloc", nbytes))
+        return int(self._in(dev, self.d.cuMemAlloc, (nbytes,), "cuMemAlloc", nbytes))
 
     def mem_free(self, ptr: int) -> None:
         self._check(self.d.cuMemFree(ptr), "cuMemFree")
 
     def mem_host_alloc(self, nbytes, portable=True, devicemap=True, writecombined=False) -> int:
         flags = (1 if portable else 0) | (2 if devicemap else 0) | (4 if writecombined else 0)
-        if not self._ctx:
-            self.ensure_context(0)
-        return int(self._check(self.d.cuMemHostAlloc(nbytes, flags), "cuMemHostAlloc", nbytes))
+        prev = self._enter_any()  # pinned memory needs a context, any context (portable)
+        try:
+            return int(self._check(self.d.cuMemHostAlloc(nbytes, flags), "cuMemHostAlloc", nbytes))
+        finally:
+            self._leave(prev)
 
     def mem_free_host(self, ptr: int) -> None:
         self._check(self.d.cuMemFreeHost(ptr), "cuMemFreeHost")
@@ -295,8 +360,7 @@ class CudaDriver(Driver):
         flags = {"global": 1, "host": 2}.get(attach)
         if flags is None:
             raise ValueError(f"unsupported attach: {attach!r} (expected 'global' or 'host')")
-        self.ensure_context(dev)
-        return int(self._check(self.d.cuMemAllocManaged(nbytes, flags), "cuMemAllocManaged", nbytes))
+        return int(self._in(dev, self.d.cuMemAllocManaged, (nbytes, flags), "cuMemAllocManaged", nbytes))
 
     def mem_advise(self, ptr: int, nbytes: int, advice: str, location) -> None:
         if advice not in _ADVICE:
@@ -334,21 +398,32 @@ class CudaDriver(Driver):
 
     # -- data movement ----------------------------------------------------------------------
     def memset_async(self, ptr, value, nbytes, stream) -> None:
-        self._check(self.d.cuMemsetD8Async(ptr, value, nbytes, stream), "cuMemsetD8Async")
+        self._on_stream(self.d.cuMemsetD8Async, (ptr, value, nbytes, stream), "cuMemsetD8Async", stream,
+                        lambda: self._ptr_dev(ptr))
 
     def memcpy_async(self, dst, src, nbytes, stream) -> None:
-        self._check(self.d.cuMemcpyAsync(dst, src, nbytes, stream), "cuMemcpyAsync")
+        self._on_stream(self.d.cuMemcpyAsync, (dst, src, nbytes, stream), "cuMemcpyAsync", stream,
+                        lambda: self._ptr_dev(dst))
 
     def copy_to_host(self, ptr, nbytes, stream) -> bytes:
         buf = ctypes.create_string_buffer(nbytes)
-        self._check(self.d.cuMemcpyDtoHAsync(ctypes.addressof(buf), ptr, nbytes, stream), "cuMemcpyDtoHAsync")
-        self.stream_synchronize(stream)
+        dev = self._ptr_dev(ptr)
+        prev = self._enter(dev) if stream in (0, 1, 2) else None  # the default stream of ptr's device
+        try:
+            self._check(self.d.cuMemcpyDtoHAsync(ctypes.addressof(buf), ptr, nbytes, stream), "cuMemcpyDtoHAsync")
+            self.stream_synchronize(stream)
+        finally:
+            self._leave(prev)
         return buf.raw
 
     def copy_from_host(self, ptr, data, stream) -> None:
         buf = ctypes.create_string_buffer(bytes(data), len(data))
-        self._check(self.d.cuMemcpyHtoDAsync(ptr, ctypes.addressof(buf), len(data), stream), "cuMemcpyHtoDAsync")
-        self.stream_synchronize(stream)  # the staging buffer must outlive the copy
+        prev = self._enter(self._ptr_dev(ptr)) if stream in (0, 1, 2) else None
+        try:
+            self._check(self.d.cuMemcpyHtoDAsync(ptr, ctypes.addressof(buf), len(data), stream), "cuMemcpyHtoDAsync")
+            self.stream_synchronize(stream)  # the staging buffer must outlive the copy
+        finally:
+            self._leave(prev)
 
     def touch(self, ptr, nbytes, stream, write=True) -> None:
         # A real kernel needs no bookkeeping; a write is a memset so data checks see it, a read is free.
@@ -357,20 +432,17 @@ class CudaDriver(Driver):
 
     # -- stream-ordered allocator --------------------------------------------------------------
     def device_get_default_mem_pool(self, dev: int) -> int:
-        self.ensure_context(dev)
-        pool = int(self._check(self.d.cuDeviceGetDefaultMemPool(self._dev(dev)), "cuDeviceGetDefaultMemPool"))
+        pool = int(self._in(dev, self.d.cuDeviceGetDefaultMemPool, (self._dev(dev),), "cuDeviceGetDefaultMemPool"))
         self._pool_dev[pool] = dev
         return pool
 
     def device_get_mem_pool(self, dev: int) -> int:
-        self.ensure_context(dev)
-        pool = int(self._check(self.d.cuDeviceGetMemPool(self._dev(dev)), "cuDeviceGetMemPool"))
+        pool = int(self._in(dev, self.d.cuDeviceGetMemPool, (self._dev(dev),), "cuDeviceGetMemPool"))
         self._pool_dev[pool] = dev
         return pool
 
     def mem_pool_create(self, dev: int, max_size: int = 0, ipc_handle_type: str = "none") -> int:
         d = self.d
-        self.ensure_context(dev)
         props = d.CUmemPoolProps()
         props.allocType = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
         props.location = self._location(dev)
@@ -379,7 +451,7 @@ class CudaDriver(Driver):
             raise ValueError(f"unsupported ipc_handle_type: {ipc_handle_type!r} (expected one of {sorted(types)})")
         props.handleTypes = self._enum("CUmemAllocationHandleType", types[ipc_handle_type])
         props.maxSize = max_size
-        pool = int(self._check(d.cuMemPoolCreate(props), "cuMemPoolCreate", max_size or None))
+        pool = int(self._in(dev, d.cuMemPoolCreate, (props,), "cuMemPoolCreate", max_size or None))
         self._pool_dev[pool] = dev
         return pool
 
@@ -416,15 +488,16 @@ class CudaDriver(Driver):
         res = self.d.cuMemAllocFromPoolAsync(nbytes, pool, stream)
         if res[0] == 0:
             return int(res[1])
-        if int(res[0]) == 201 and pool in self._pool_dev:  # CUDA_ERROR_INVALID_CONTEXT: new thread
-            self._tls.dev = None
-            self.ensure_context(self._pool_dev[pool])
-            res = self.d.cuMemAllocFromPoolAsync(nbytes, pool, stream)
+        if int(res[0]) == 201 and stream in (0, 1, 2):  # a default stream in a thread with no context
+            return int(self._in(self._pool_dev.get(pool, 0), self.d.cuMemAllocFromPoolAsync,
+                                (nbytes, pool, stream), "cuMemAllocFromPoolAsync", nbytes))
         return int(self._check(res, "cuMemAllocFromPoolAsync", nbytes))
 
     def mem_free_async(self, ptr: int, stream: int) -> None:
         res = self.d.cuMemFreeAsync(ptr, stream)
         if res[0] != 0:
+            if int(res[0]) == 201 and stream in (0, 1, 2):  # a default stream in a thread with no context
+                return self._in(self._ptr_dev(ptr), self.d.cuMemFreeAsync, (ptr, stream), "cuMemFreeAsync")
             self._check(res, "cuMemFreeAsync")
 
     def mem_pool_export_to_shareable_handle(self, pool: int) -> int:
@@ -434,10 +507,12 @@ class CudaDriver(Driver):
 
     def mem_pool_import_from_shareable_handle(self, handle: int) -> int:
         t = self._enum("CUmemAllocationHandleType", "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR")
-        if not self._ctx:
-            self.ensure_context(0)
-        return int(self._check(self.d.cuMemPoolImportFromShareableHandle(handle, t, 0),
-                               "cuMemPoolImportFromShareableHandle"))
+        prev = self._enter_any()
+        try:
+            return int(self._check(self.d.cuMemPoolImportFromShareableHandle(handle, t, 0),
+                                   "cuMemPoolImportFromShareableHandle"))
+        finally:
+            self._leave(prev)
 
     def mem_pool_export_pointer(self, ptr: int) -> bytes:
         data = self._check(self.d.cuMemPoolExportPointer(ptr), "cuMemPoolExportPointer")
@@ -471,16 +546,17 @@ class CudaDriver(Driver):
                                "cuMemGetAllocationGranularity"))
 
     def mem_create(self, dev: int, nbytes: int, handle_type: str = "none") -> int:
-        self.ensure_context(dev)
-        return int(self._check(self.d.cuMemCreate(nbytes, self._alloc_prop(dev, handle_type), 0), "cuMemCreate", nbytes))
+        return int(self._in(dev, self.d.cuMemCreate, (nbytes, self._alloc_prop(dev, handle_type), 0), "cuMemCreate", nbytes))
 
     def mem_release(self, handle: int) -> None:
         self._check(self.d.cuMemRelease(handle), "cuMemRelease")
 
     def mem_address_reserve(self, nbytes: int, alignment: int = 0) -> int:
-        if not self._ctx:
-            self.ensure_context(0)
-        return int(self._check(self.d.cuMemAddressReserve(nbytes, alignment, 0, 0), "cuMemAddressReserve", nbytes))
+        prev = self._enter_any()
+        try:
+            return int(self._check(self.d.cuMemAddressReserve(nbytes, alignment, 0, 0), "cuMemAddressReserve", nbytes))
+        finally:
+            self._leave(prev)
 
     def mem_address_free(self, ptr: int, nbytes: int) -> None:
         self._check(self.d.cuMemAddressFree(ptr, nbytes), "cuMemAddressFree")

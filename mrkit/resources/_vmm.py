@@ -433,10 +433,12 @@ class _VirtualChunks(ChunkSource):
                     cursor = hi
                 if end > cursor:
                     st.free.add(cursor, end - cursor)
-            if st.stream.uid < 0:
-                drv.ensure_context(self.device_id)
             ev = drv.event_create(self.device_id)
-            drv.event_record(ev, st.stream.handle)
+            if st.stream.uid < 0:
+                with drv.on_device(self.device_id):  # this device's default stream
+                    drv.event_record(ev, st.stream.handle)
+            else:
+                drv.event_record(ev, st.stream.handle)
             self._pending.append((ev, st.stream, [r[:5] for r in runs]))
             self._pending_bytes += sum(r[4] - r[3] for r in runs)
         return released + self._drain_pending(wait=False)

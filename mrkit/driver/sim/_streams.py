@@ -1,6 +1,8 @@
 """Versions, devices, contexts, streams and events."""
 from __future__ import annotations
 
+import contextlib
+
 
 from ._model import DEVICE_CAPABILITIES, _Event, _Stream, _err
 
@@ -46,6 +48,19 @@ class StreamsMixin:
     def ensure_context(self, dev: int) -> None:
         self._device(dev, "cuCtxSetCurrent")
         self._tls.dev = dev
+
+    @contextlib.contextmanager
+    def on_device(self, dev: int):
+        self._device(dev, "cuCtxSetCurrent")
+        prev = getattr(self._tls, "dev", None)
+        self._tls.dev = dev
+        try:
+            yield
+        finally:
+            if prev is None:
+                del self._tls.dev
+            else:
+                self._tls.dev = prev
 
     def ctx_synchronize(self, dev: int) -> None:
         with self._lock:
