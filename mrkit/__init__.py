@@ -24,15 +24,9 @@ from ._current import get_current_resource, set_current_resource, using
 __version__ = "0.1.0"
 
 
-def _check_env_spec() -> None:
-    import os
+from ._current import env_spec as _env_spec
 
-    spec = os.environ.get("MRKIT_RESOURCE")
-    if spec:
-        parse_spec(spec)  # a bad spec fails loudly at import, naming the position
-
-
-_check_env_spec()
+_env_spec()  # a bad MRKIT_RESOURCE fails at import, naming the variable and the position
 
 __all__ = [
     "MrkitError", "CUDAError", "CUDAUnavailableError", "OutOfMemoryError", "StreamOrderViolation",

@@ -9,7 +9,7 @@ import threading
 from contextlib import contextmanager
 
 from ._resource import MemoryResource
-from ._spec import resource_from_spec
+from ._spec import SpecError, build_resource, parse_spec, spec_devices
 from .driver import get_driver
 from .resources import CudaMemoryResource, DeviceMemoryResource
 
@@ -22,26 +22,39 @@ _current_lock = threading.Lock()
 
 def _device_of(device) -> int:
     if device is None:
-        return 0
+        return get_driver().current_device()
     if isinstance(device, bool) or not isinstance(device, int) or device < 0:
         raise ValueError(f"device must be a device ordinal >= 0, got {device!r}")
     return device
 
 
+def env_spec():
+    """The parsed ``MRKIT_RESOURCE`` spec, or None when unset; a bad spec raises ``ValueError``
+    naming the variable, the position and the reason."""
+    spec = os.environ.get("MRKIT_RESOURCE")
+    if not spec:
+        return None
+    try:
+        return parse_spec(spec)
+    except ValueError as exc:
+        raise SpecError(f"MRKIT_RESOURCE={spec!r} is not a valid resource spec: {exc}") from None
+
+
 def _default_resource(device: int) -> MemoryResource:
     drv = get_driver()
-    spec = os.environ.get("MRKIT_RESOURCE")
-    if spec:  # validated at import; built here, on first use, for device 0
-        mr = resource_from_spec(spec, drv)
-        if (mr.device_id or 0) == device:
-            return mr
+    node = env_spec()
+    # MRKIT_RESOURCE applies to every device unless it names devices explicitly (then to those only);
+    # each device gets its own resources and its own log file.
+    if node is not None and (not spec_devices(node) or spec_devices(node) == {device}):
+        return build_resource(node, drv, device)
     if drv.device_capability(device, "memory_pools_supported"):
         return DeviceMemoryResource(device, driver=drv)
     return CudaMemoryResource(device, driver=drv)
 
 
 def get_current_resource(device: int | None = None) -> MemoryResource:
-    """The current resource of ``device`` (device 0 by default). Unless set, it is a
+    """The current resource of ``device`` (by default the device current on this thread, as CuPy,
+    PyTorch and RMM pick it). Unless set, it is built from ``MRKIT_RESOURCE`` or is a
     :class:`~mrkit.resources.DeviceMemoryResource` on the device's default pool (or a
     :class:`~mrkit.resources.CudaMemoryResource` where pools are unsupported)."""
     dev = _device_of(device)
@@ -55,7 +68,8 @@ def get_current_resource(device: int | None = None) -> MemoryResource:
 
 
 def set_current_resource(mr: MemoryResource, device: int | None = None) -> MemoryResource | None:
-    """Make ``mr`` the current resource of ``device`` (its own ``device_id``, else 0); returns the previous one."""
+    """Make ``mr`` the current resource of ``device`` (default: ``mr.device_id``, else the current
+    device); returns the previous one."""
     if not isinstance(mr, MemoryResource):
         raise TypeError(f"mr must be a MemoryResource, not {type(mr).__name__}")
     dev = _device_of(device if device is not None else mr.device_id)

@@ -9,7 +9,10 @@
 
 Names: ``device[(dev)]`` (driver pool), ``vmm[(dev)]``, ``cuda[(dev)]``, ``managed[(dev)]``, ``pinned``, ``host``,
 ``pool(upstream[, initial_size[, maximum_size]])``, ``statistics(up)``, ``tracking(up)``,
-``limiting(up, limit)``, ``logging(up, path)``. Errors name the position.
+``binning(up[, max_bin], chunk_size=)``, ``limiting(up, limit)``, ``logging(up, path, buffer_lines=,
+flush_interval=)``. Every error (grammar, unknown names, wrong kinds of argument, non-positive
+limits) is a ``SpecError`` (a ``ValueError``) raised by :func:`parse_spec`, naming the position,
+before anything is built.
 """
 from __future__ import annotations
 
@@ -19,11 +22,11 @@ from dataclasses import dataclass
 from ._sizes import parse_size
 from .adaptors import LimitingAdaptor, LoggingAdaptor, StatisticsAdaptor, TrackingAdaptor
 from .resources import (
-    CudaMemoryResource, DeviceMemoryResource, HostMemoryResource, ManagedMemoryResource, PinnedMemoryResource,
+    BinningResource, CudaMemoryResource, DeviceMemoryResource, HostMemoryResource, ManagedMemoryResource, PinnedMemoryResource,
     PoolResource, VirtualMemoryResource,
 )
 
-__all__ = ["parse_spec", "build_resource", "resource_from_spec"]
+__all__ = ["parse_spec", "build_resource", "resource_from_spec", "spec_devices", "SpecError"]
 
 _TOKEN = re.compile(r"\s*(?:(?P<num>\d+(?:\.\d+)?\s*[A-Za-z]*)|(?P<name>[A-Za-z_][A-Za-z_0-9]*)|"
                     r"(?P<str>'[^']*'|\"[^\"]*\")|(?P<sym>[(),=]))")
@@ -38,7 +41,7 @@ class Node:
 
 
 class SpecError(ValueError):
-    pass
+    """A resource spec that cannot be read; the message names the position."""
 
 
 def _error(spec: str, pos: int, msg: str) -> SpecError:
@@ -80,6 +83,8 @@ class _Parser:
         kind, text, pos = self.peek()
         if kind == "num":
             self.i += 1
+            if re.fullmatch(r"\d+\.\d+", text):  # a plain fraction: a factor or a number of seconds
+                return float(text)
             try:
                 return parse_size(text.replace(" ", ""), "size")
             except ValueError as exc:
@@ -128,48 +133,120 @@ def parse_spec(spec: str) -> Node:
     return node
 
 
-_ARITY = {"vmm": (0, 1), "device": (0, 1), "cuda": (0, 1), "managed": (0, 1), "pinned": (0, 0), "host": (0, 0),
-          "pool": (0, 3), "statistics": (1, 1), "tracking": (1, 1), "limiting": (2, 2), "logging": (2, 2)}
+# What each name takes: positional parameter names in order, then keyword-only ones; the kind of
+# each ("mr": a resource, "size": a byte count, "device": an ordinal, "path": a string, "number").
+_SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...], int]] = {
+    # name: (positional, keyword-only, required positionals)
+    "device": (("device",), (), 0), "vmm": (("device",), (), 0), "cuda": (("device",), (), 0),
+    "managed": (("device",), (), 0), "pinned": ((), (), 0), "host": ((), (), 0),
+    "pool": (("upstream", "initial_size", "maximum_size"), ("min_chunk", "growth_factor"), 0),
+    "binning": (("upstream", "max_bin"), ("chunk_size",), 1),
+    "statistics": (("upstream",), (), 1), "tracking": (("upstream",), (), 1),
+    "limiting": (("upstream", "limit"), (), 2), "logging": (("upstream", "path"), ("buffer_lines", "flush_interval"), 2),
+}
+_KIND = {"device": "device", "upstream": "mr", "initial_size": "size", "maximum_size": "size", "min_chunk": "size",
+         "max_bin": "size", "chunk_size": "size", "limit": "size", "path": "path", "buffer_lines": "size",
+         "growth_factor": "number", "flush_interval": "number"}
+_LEAVES = ("device", "vmm", "cuda", "managed")
 
 
 def _validate(spec: str, node: Node) -> None:
-    if node.name not in _ARITY:
-        raise _error(spec, node.pos, f"unknown resource {node.name!r} (known: {', '.join(sorted(_ARITY))})")
-    lo, hi = _ARITY[node.name]
-    n = len(node.args) + len(node.kwargs)
-    if not lo <= n <= hi:
-        raise _error(spec, node.pos, f"{node.name} takes {lo}..{hi} arguments, got {n}")
+    """Everything that can be known without a driver: names, arities, and the kind of each argument."""
+    if node.name not in _SCHEMA:
+        raise _error(spec, node.pos, f"unknown resource {node.name!r} (known: {', '.join(sorted(_SCHEMA))})")
+    pos_names, kw_only, required = _SCHEMA[node.name]
+    if len(node.args) > len(pos_names):
+        raise _error(spec, node.pos, f"{node.name} takes at most {len(pos_names)} positional arguments "
+                     f"({', '.join(pos_names) or 'none'}), got {len(node.args)}")
+    given = dict(zip(pos_names, node.args))
+    for key, value in node.kwargs.items():
+        if key not in pos_names and key not in kw_only:
+            raise _error(spec, node.pos, f"{node.name} has no argument {key!r} "
+                         f"(it takes: {', '.join(pos_names + kw_only) or 'none'})")
+        if key in given:
+            raise _error(spec, node.pos, f"{node.name} got {key!r} twice")
+        given[key] = value
+    missing = [k for k in pos_names[:required] if k not in given]
+    if missing:
+        raise _error(spec, node.pos, f"{node.name} needs {' and '.join(missing)}")
+    for key, value in given.items():
+        kind = _KIND[key]
+        where = f"{node.name}'s {key}"
+        if kind == "mr":
+            if not isinstance(value, Node):
+                raise _error(spec, node.pos, f"{where} must be a resource, got {value!r}")
+            _validate(spec, value)
+        elif isinstance(value, Node):
+            raise _error(spec, value.pos, f"{where} must be {'a string' if kind == 'path' else 'a number'}, "
+                         f"got the resource {value.name!r}")
+        elif kind == "path":
+            if not isinstance(value, str) or not value:
+                raise _error(spec, node.pos, f"{where} must be a non-empty quoted string, got {value!r}")
+        elif isinstance(value, str):
+            raise _error(spec, node.pos, f"{where} must be a number, got the string {value!r}")
+        elif kind == "device" and not float(value).is_integer():
+            raise _error(spec, node.pos, f"{where} must be a device ordinal, got {value!r}")
+        elif key in ("limit", "buffer_lines", "max_bin", "chunk_size") and value <= 0:
+            raise _error(spec, node.pos, f"{where} must be positive, got {value!r}")
+
+
+def spec_devices(node: Node) -> set[int]:
+    """The device ordinals a parsed spec names explicitly (``device(1)`` names 1; ``device`` none)."""
+    found = {int(node.args[0])} if node.name in _LEAVES and node.args else set()
     for a in list(node.args) + list(node.kwargs.values()):
         if isinstance(a, Node):
-            _validate(spec, a)
+            found |= spec_devices(a)
+    return found
 
 
-def build_resource(node: Node, driver=None):
-    """Build the resources a parsed spec names."""
+def _device_path(path: str, device: int | None) -> str:
+    """``path`` for ``device``: ``{device}`` is replaced; otherwise devices other than 0 get their own
+    file (``log.csv`` -> ``log.device1.csv``) so one device never truncates another's log."""
+    if "{device}" in path:
+        return path.replace("{device}", str(device or 0))
+    if not device:
+        return path
+    root, dot, ext = path.rpartition(".")
+    if not dot or "/" in ext:
+        return f"{path}.device{device}"
+    return f"{root}.device{device}.{ext}"
 
-    args = [build_resource(a, driver) if isinstance(a, Node) else a for a in node.args]
-    kw = {k: build_resource(v, driver) if isinstance(v, Node) else v for k, v in node.kwargs.items()}
+
+def build_resource(node: Node, driver=None, device: int | None = None):
+    """Build the resources a parsed spec names; ``device`` is the ordinal of leaves that name none
+    (and the log file of each device is its own, see :func:`_device_path`)."""
+
+    def sub(v):
+        return build_resource(v, driver, device) if isinstance(v, Node) else v
+
+    args = [sub(a) for a in node.args]
+    kw = {k: sub(v) for k, v in node.kwargs.items()}
     n = node.name
-    if n == "device":
-        return DeviceMemoryResource(*args, driver=driver, **kw)
-    if n == "vmm":
-        return VirtualMemoryResource(*args, driver=driver, **kw)
-    if n == "cuda":
-        return CudaMemoryResource(*args, driver=driver, **kw)
-    if n == "managed":
-        return ManagedMemoryResource(*args, driver=driver, **kw)
+    if n in _LEAVES:
+        if not args and device is not None:
+            args = [device]
+        if args:
+            args[0] = int(args[0])
+        cls = {"device": DeviceMemoryResource, "vmm": VirtualMemoryResource, "cuda": CudaMemoryResource,
+               "managed": ManagedMemoryResource}[n]
+        return cls(*args, driver=driver, **kw)
     if n == "pinned":
         return PinnedMemoryResource(driver=driver)
     if n == "host":
         return HostMemoryResource()
     if n == "pool":
         if not args and "upstream" not in kw:
-            args = [DeviceMemoryResource(driver=driver)]
+            args = [DeviceMemoryResource(device or 0, driver=driver)]
         return PoolResource(*args, **kw)
+    if n == "binning":
+        return BinningResource(*args, **kw)
+    if n == "logging":
+        args[1] = _device_path(args[1], device)
     return {"statistics": StatisticsAdaptor, "tracking": TrackingAdaptor, "limiting": LimitingAdaptor,
             "logging": LoggingAdaptor}[n](*args, **kw)
 
 
-def resource_from_spec(spec: str, driver=None):
-    """``resource_from_spec("statistics(limiting(pool(device), 8GiB))")`` -> the composed resource."""
-    return build_resource(parse_spec(spec), driver)
+def resource_from_spec(spec: str, driver=None, device: int | None = None):
+    """``resource_from_spec("statistics(limiting(pool(device), 8GiB))")`` -> the composed resource.
+    With ``device``, leaves that name no device are built on it."""
+    return build_resource(parse_spec(spec), driver, device)

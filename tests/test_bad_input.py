@@ -91,3 +91,277 @@ def test_read_log_of_a_binary_file_is_a_value_error(tmp_path):
     f.write_bytes(bytes(range(256)))
     with pytest.raises(ValueError, match="source .* not an allocation log"):
         read_log(str(f))
+
+
+# -- logs that survive ---------------------------------------------------------------------------
+_KILLED_WRITER = r"""
+import os, sys, time
+import mrkit
+from mrkit import DEFAULT_STREAM, HostMemoryResource, LoggingAdaptor
+log = LoggingAdaptor(HostMemoryResource(), sys.argv[1], buffer_lines=int(sys.argv[2]),
+                     flush_interval=None if sys.argv[3] == "none" else float(sys.argv[3]))
+for i in range(int(sys.argv[4])):
+    p = log.allocate(64 + i, DEFAULT_STREAM)
+    log.deallocate(p, 64 + i, DEFAULT_STREAM)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _kill_after_ready(tmp_path, buffer_lines, interval, pairs, wait):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "killed.csv"
+    with subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(path), str(buffer_lines), interval,
+                           str(pairs)], stdout=subprocess.PIPE, text=True) as p:
+        try:
+            assert p.stdout.readline().strip() == "ready"
+            time.sleep(wait)
+        finally:
+            p.send_signal(signal.SIGKILL)
+            p.wait(10)
+    assert p.returncode == -signal.SIGKILL
+    from mrkit import read_log
+    return read_log(path) if path.stat().st_size else []
+
+
+def test_sigkill_loses_nothing_older_than_the_flush_interval(tmp_path):
+    events = _kill_after_ready(tmp_path, buffer_lines=10**6, interval="0.1", pairs=100, wait=1.0)
+    assert len(events) == 200  # the count bound was never reached: the timer wrote them all
+
+
+def test_sigkill_loses_at_most_the_buffered_event_count(tmp_path):
+    events = _kill_after_ready(tmp_path, buffer_lines=50, interval="none", pairs=115, wait=0.0)
+    assert 230 - 50 < len(events) <= 230 and len(events) % 50 == 0
+
+
+def test_many_writer_threads_lose_no_event_and_keep_frees_before_reuse(tmp_path, sim):
+    import threading
+
+    from mrkit import LoggingAdaptor, Stream, read_log, replay
+    path = tmp_path / "threads.csv"
+    log = LoggingAdaptor(PoolResource(CudaMemoryResource()), path, buffer_lines=97)
+    streams = [Stream.create() for _ in range(8)]
+
+    def work(s):
+        for i in range(300):
+            p = log.allocate(256 * (1 + i % 7), s)
+            log.deallocate(p, 256 * (1 + i % 7), s)
+
+    ts = [threading.Thread(target=work, args=(s,)) for s in streams]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    log.close()
+    events = read_log(path)
+    assert len(events) == 8 * 300 * 2
+    r = replay(events, PoolResource(CudaMemoryResource()))  # the replay's own consistency check passes
+    assert r.events == len(events)
+
+
+def test_logging_options_are_validated():
+    from mrkit import LoggingAdaptor
+    import io
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="buffer_lines"):
+            LoggingAdaptor(HostMemoryResource(), io.StringIO(), buffer_lines=bad)
+    for bad in (0, -1.0, float("inf"), "1"):
+        with pytest.raises(ValueError, match="flush_interval"):
+            LoggingAdaptor(HostMemoryResource(), io.StringIO(), flush_interval=bad)
+
+
+# -- replay of logs that contradict themselves -------------------------------------------------------
+_HDR = "Thread,Time,Action,Pointer,Size,Stream\n"
+
+
+@pytest.mark.parametrize("body,match", [
+    ("1,0.1,allocate,0x1000,64,0x0\n1,0.2,free,0x1000,32,0x0\n", "freed with size 32"),
+    ("1,0.1,allocate,0x1000,64,0x0\n1,0.2,allocate,0x1000,64,0x0\n", "allocated again"),
+])
+def test_replay_refuses_an_inconsistent_log_before_allocating(sim, body, match):
+    from mrkit import replay
+    mr = PoolResource(CudaMemoryResource())
+    with pytest.raises(ValueError, match=match):
+        replay(_HDR + body, mr)
+    assert mr.live_bytes == 0 and mr.pool_size == 0  # nothing was allocated
+
+
+def test_replay_frees_what_it_allocated_when_the_resource_fails(sim):
+    from mrkit import replay
+    mr = PoolResource(CudaMemoryResource())
+    calls = []
+    real = mr.allocate
+
+    class Boom(RuntimeError):
+        pass
+
+    class Failing:  # a resource whose third allocation raises something other than OOM
+        device_id, device_accessible, driver = 0, True, None
+
+        def allocate(self, n, s, alignment=256):
+            calls.append(n)
+            if len(calls) == 3:
+                raise Boom("driver fell over")
+            return real(n, s)
+
+        def deallocate(self, p, n, s, alignment=256):
+            mr.deallocate(p, n, s)
+
+    body = "".join(f"1,0.{i},allocate,{0x1000 * (i + 1):#x},64,0x0\n" for i in range(5))
+    with pytest.raises(Boom):
+        replay(_HDR + body, Failing())
+    assert mr.live_bytes == 0  # the two allocations made before the failure were freed
+
+
+# -- specs and MRKIT_RESOURCE -----------------------------------------------------------------------
+@pytest.mark.parametrize("spec,match", [
+    ("limiting(pool(device), 0)", "limit must be positive"),
+    ("limiting(pool(device))", "needs limit"),
+    ("logging(device, 5)", "path must be a non-empty quoted string"),
+    ("statistics(1)", "upstream must be a resource"),
+    ("pool(device, bogus=1)", "no argument 'bogus'"),
+    ("fancy(device)", "unknown resource 'fancy'"),
+    ("device(1.5)", "device ordinal"),
+    ("limiting(pool(device), -1)", "unexpected character '-'"),
+])
+def test_semantic_spec_errors_are_reported_when_the_spec_is_read(spec, match):
+    from mrkit import parse_spec
+    with pytest.raises(ValueError, match=match):
+        parse_spec(spec)
+
+
+def test_a_bad_mrkit_resource_fails_at_import_naming_the_variable():
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, MRKIT_RESOURCE="limiting(pool(device), 0)", MRKIT_BACKEND="sim")
+    r = subprocess.run([sys.executable, "-c", "import mrkit"], env=env, capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "MRKIT_RESOURCE='limiting(pool(device), 0)' is not a valid resource spec" in r.stderr
+    assert "limit must be positive" in r.stderr
+
+
+def test_mrkit_resource_applies_per_device_and_each_device_keeps_its_own_log(tmp_path, monkeypatch):
+    import mrkit
+    from mrkit import LoggingAdaptor, get_current_resource, read_log
+    from mrkit.driver import SimDriver, set_backend
+    set_backend(SimDriver(2))
+    monkeypatch.setenv("MRKIT_RESOURCE", f'logging(pool(device), "{tmp_path}/log.csv", buffer_lines=1)')
+    mr0 = get_current_resource(0)
+    p = mr0.allocate(1000, DEFAULT_STREAM)
+    mr1 = get_current_resource(1)  # built after device 0 logged: must not truncate its file
+    q = mr1.allocate(2000, DEFAULT_STREAM)
+    assert isinstance(mr0, LoggingAdaptor) and mr0.upstream.device_id == 0 and mr1.upstream.device_id == 1
+    mr0.deallocate(p, 1000, DEFAULT_STREAM)
+    mr1.deallocate(q, 2000, DEFAULT_STREAM)
+    mr0.close()
+    mr1.close()
+    assert [e.size for e in read_log(tmp_path / "log.csv")] == [1000, 1000]
+    assert [e.size for e in read_log(tmp_path / "log.device1.csv")] == [2000, 2000]
+    monkeypatch.setenv("MRKIT_RESOURCE", "statistics(pool(device(1)))")  # names device 1 only
+    mrkit._current._reset_current_resources()
+    assert isinstance(get_current_resource(1), mrkit.StatisticsAdaptor)
+    assert not isinstance(get_current_resource(0), mrkit.StatisticsAdaptor)
+
+
+# -- the command line ---------------------------------------------------------------------------------
+def _cli(*argv):
+    import subprocess
+    import sys
+    import os
+    env = dict(os.environ, MRKIT_BACKEND="sim")
+    return subprocess.run([sys.executable, "-m", "mrkit", *argv], capture_output=True, text=True, env=env)
+
+
+@pytest.mark.parametrize("argv,code,match", [
+    (("demo", "--ops", "0"), 2, "argument --ops: must be at least 1, got 0"),
+    (("demo", "--ops", "many"), 2, "expected a whole number"),
+    (("nonsense",), 2, "invalid choice"),
+    (("replay", "/nonexistent/log.csv"), 1, "No such file"),
+    (("replay", "__BINARY__"), 1, "not an allocation log"),
+    (("replay", "__LOG__", "--resource", "pool(device, 0)x"), 1, "resource spec"),
+])
+def test_cli_errors_are_one_line_with_exit_codes(tmp_path, argv, code, match):
+    binary = tmp_path / "b.bin"
+    binary.write_bytes(bytes(range(256)))
+    log = tmp_path / "l.csv"
+    log.write_text(_HDR + "1,0.1,allocate,0x1000,64,0x0\n")
+    argv = [str(binary) if a == "__BINARY__" else str(log) if a == "__LOG__" else a for a in argv]
+    r = _cli(*argv)
+    assert r.returncode == code, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("mrkit") and "error:" in last and match in last
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_debug_shows_the_traceback(tmp_path):
+    r = _cli("--debug", "replay", str(tmp_path / "missing.csv"))
+    assert r.returncode == 1 and "Traceback" in r.stderr and "FileNotFoundError" in r.stderr
+
+
+def test_demo_sizes_its_workload_to_the_device():
+    from mrkit._cli import demo_workload
+    from mrkit.driver import SimDeviceSpec, SimDriver
+    for total in (64 << 20, 1 << 30):
+        drv = SimDriver([SimDeviceSpec(total_memory=total)])
+        plan = demo_workload(drv, 25000)
+        live, sizes, peak = {}, [], 0
+        for i, (kind, a, _) in enumerate(plan):
+            if kind == "a":
+                live[i] = a
+            else:
+                del live[a]
+            peak = max(peak, sum(live.values()))
+        assert len(plan) == 25000 and peak <= total // 4
+
+
+def test_demo_with_25000_operations_finishes_on_the_simulator(capsys):
+    from mrkit._cli import main
+    assert main(["demo", "--backend", "sim", "--ops", "25000", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "bytes lost" in out and "25000 on 4 streams" in out
+
+
+# -- fuzzing: garbage in, a clear ValueError out -------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_SPEC_ALPHABET = st.sampled_from(list("()=,'\" .-_0123456789") + ["pool", "device", "limiting", "logging", "GiB",
+                                                                    "statistics", "binning", "host", "KiB", "x"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=40), st.lists(_SPEC_ALPHABET, max_size=14).map("".join)))
+def test_fuzzed_specs_parse_or_raise_value_error(text):
+    from mrkit import parse_spec
+    try:
+        parse_spec(text)
+    except ValueError as exc:
+        assert "resource spec" in str(exc)
+
+
+_LOG_LINE = st.lists(st.one_of(st.sampled_from(["allocate", "free", "deallocate", "allocate failure", "0x10", "-5",
+                                                "1e999", "12:00:01.5", "2026-13-01", "0xzz", ""]),
+                               st.text(max_size=6), st.integers(-10, 10**20).map(str)), max_size=7).map(",".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=80),
+                 st.lists(_LOG_LINE, max_size=5).map(lambda ls: "Thread,Time,Action,Pointer,Size,Stream\n" + "\n".join(ls)),
+                 st.text(max_size=80)))
+def test_fuzzed_logs_read_or_raise_value_error(data):
+    import io
+    from mrkit import HostMemoryResource, read_log, replay
+    src = io.BytesIO(data) if isinstance(data, bytes) else data + ("\n" if "\n" not in data else "")
+    try:
+        events = read_log(src)
+    except ValueError:
+        return
+    try:
+        replay(events, HostMemoryResource())
+    except ValueError as exc:
+        assert "log event" in str(exc)

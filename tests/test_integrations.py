@@ -29,7 +29,7 @@ def test_specs_build_compositions(sim):
     ("stats(device)", 0, "unknown resource 'stats'"),
     ("limiting(device, 8 GB!)", 21, "unexpected character '!'"),
     ("pool(device,, 1)", 12, "expected a resource"),
-    ("limiting(device)", 0, "takes 2..2 arguments"),
+    ("limiting(device)", 0, "limiting needs limit"),
     ("pool(device) x", 13, "unexpected 'x'"),
     ("pool(initial_size=1MiB, device)", 24, "positional argument after a keyword"),
 ])

@@ -33,6 +33,12 @@ from .._stream import Stream
 __all__ = ["plain_paths", "counting_paths", "hook_paths"]
 
 
+# The fast paths test ``alignment is not DEFAULT_ALIGNMENT``: an identity test, as cheap as ``!= 256``,
+# that also sends ``256.0`` (equal, but not an int) to the checked path. CPython keeps one object for
+# the int 256, so every int 256 passes; anything else takes the checked path, which is always right.
+DEFAULT_ALIGNMENT = 256
+
+
 def _checked_free_args(nbytes, alignment):
     """Validate a free's ``nbytes`` and ``alignment`` before anything is touched: ints (numpy integers
     and anything with ``__index__`` are converted), ``nbytes >= 0``, ``alignment`` a power of two."""
@@ -43,7 +49,7 @@ def _plain_allocate(nbytes, stream, alignment=256):
     """Allocate ``nbytes`` for work on ``stream``: an exact-size cache hit takes no lock."""
     if type(stream) is not Stream:
         stream = to_stream(stream)
-    if type(nbytes) is not int or nbytes <= 0 or alignment != 256:
+    if type(nbytes) is not int or nbytes <= 0 or alignment is not DEFAULT_ALIGNMENT:
         return allocate_slow(nbytes, stream, alignment)
     size = (nbytes + 255) & -256
     st = states_get(stream.uid)
@@ -70,7 +76,7 @@ def _plain_deallocate(ptr, nbytes, stream, alignment=256):
     without a lock unless the cache was detached meanwhile."""
     if type(stream) is not Stream:
         stream = to_stream(stream)
-    if type(nbytes) is not int or alignment != 256:
+    if type(nbytes) is not int or alignment is not DEFAULT_ALIGNMENT:
         nbytes, alignment = _checked_free_args(nbytes, alignment)
     n = live_pop(ptr, None)
     if n != nbytes:  # zero, aligned blocks, and every error: the locked path decides
@@ -113,7 +119,7 @@ def _counting_allocate(nbytes, stream, alignment=256):
     """Allocate as the arena does, and count it."""
     if type(stream) is not Stream:
         stream = to_stream(stream)
-    if type(nbytes) is not int or nbytes <= 0 or alignment != 256:
+    if type(nbytes) is not int or nbytes <= 0 or alignment is not DEFAULT_ALIGNMENT:
         ptr = allocate_slow(nbytes, stream, alignment)
         if ptr:
             record(nbytes.__index__())
@@ -144,7 +150,7 @@ def _counting_deallocate(ptr, nbytes, stream, alignment=256):
     """Free as the arena does, and count it (pending events stay within ``limit`` + live blocks)."""
     if type(stream) is not Stream:
         stream = to_stream(stream)
-    if type(nbytes) is not int or alignment != 256:
+    if type(nbytes) is not int or alignment is not DEFAULT_ALIGNMENT:
         nbytes, alignment = _checked_free_args(nbytes, alignment)
     n = live_pop(ptr, None)
     if n != nbytes:
@@ -279,6 +285,7 @@ def _namespace(arena, **extra) -> dict:
     """The globals of one arena's hot path: its structures and bound methods, bound once."""
     live = arena.live
     return {"__builtins__": builtins, "Stream": Stream, "_checked_free_args": _checked_free_args,
+            "DEFAULT_ALIGNMENT": DEFAULT_ALIGNMENT,
             "live": live, "live_pop": live.pop, "lock": arena.lock, "states_get": arena.states.get,
             "take": arena.take, "to_stream": arena.as_stream, "allocate_slow": arena.allocate_slow,
             "deallocate_slow": arena.deallocate_slow, "rescue": arena.rescue,

@@ -28,13 +28,27 @@ class LoggingAdaptor(Adaptor):
 
     ``sink`` is a path (truncated, like RMM) or a text file object. Each event is one atomic append
     of a tuple to an in-memory buffer (in call order across threads); formatting and writing happen
-    on :meth:`flush` (also every ``buffer_lines`` events and on :meth:`close`), under a lock.
+    on :meth:`flush`, under a lock. Events reach the file:
+
+    - on :meth:`flush` and :meth:`close`, and at interpreter exit for logs never closed;
+    - as soon as ``buffer_lines`` events are waiting (the writer that reaches the bound writes);
+    - within ``flush_interval`` seconds (a daemon thread shared by all logs), so a process killed
+      outright (SIGKILL, a crash in a driver) loses at most the events of the last interval, and at
+      most ``buffer_lines`` of them. ``flush_interval=None`` turns the timer off.
     """
 
-    __slots__ = ("_file", "_owns", "_lock", "_buf", "_limit", "_tid", "_time", "_header_written")
+    __slots__ = ("_file", "_owns", "_lock", "_buf", "_limit", "_tid", "_time", "_header_written",
+                 "flush_interval")
 
-    def __init__(self, upstream: MemoryResource, sink, *, buffer_lines: int = 4096) -> None:
+    def __init__(self, upstream: MemoryResource, sink, *, buffer_lines: int = 4096,
+                 flush_interval: float | None = 1.0) -> None:
         super().__init__(upstream)
+        if isinstance(buffer_lines, bool) or not isinstance(buffer_lines, int) or buffer_lines < 1:
+            raise ValueError(f"buffer_lines must be a positive int, got {buffer_lines!r}")
+        if flush_interval is not None:
+            if isinstance(flush_interval, bool) or not isinstance(flush_interval, (int, float)) \
+                    or not 0 < flush_interval < float("inf"):
+                raise ValueError(f"flush_interval must be a positive number of seconds or None, got {flush_interval!r}")
         if isinstance(sink, (str, os.PathLike)):
             self._file = open(sink, "w", encoding="ascii", newline="")
             self._owns = True
@@ -44,11 +58,14 @@ class LoggingAdaptor(Adaptor):
             raise TypeError(f"sink must be a path or a text file object, not {type(sink).__name__}")
         self._lock = threading.Lock()
         self._buf: list[tuple] = []
-        self._limit = max(1, int(buffer_lines))
+        self._limit = buffer_lines
+        self.flush_interval = None if flush_interval is None else float(flush_interval)
         self._tid = threading.get_ident
         self._time = time.time
         self._header_written = False
         _open_logs.add(self)
+        if self.flush_interval is not None:
+            _flusher.watch(self.flush_interval)
 
     # Recording is inlined in both methods — one tuple, one atomic list append per event (the stream's
     # handle resolved now, so the buffer holds only numbers and strings); formatting waits for flush().
@@ -113,9 +130,54 @@ class LoggingAdaptor(Adaptor):
 _open_logs: "weakref.WeakSet[LoggingAdaptor]" = weakref.WeakSet()
 
 
+class _Flusher:
+    """One daemon thread for every log with a ``flush_interval``: wakes at the shortest interval
+    asked for and writes each log's waiting events (a log with nothing waiting costs a length test)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._period: float | None = None
+        self._thread: threading.Thread | None = None
+        self.stopped = False
+
+    def watch(self, period: float) -> None:
+        with self._lock:
+            if self.stopped:
+                return
+            if self._period is None or period < self._period:
+                self._period = period
+                self._wake.set()  # re-arm at the shorter period
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="mrkit-log-flusher", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while not self.stopped:
+            self._wake.wait(self._period)
+            self._wake.clear()
+            if self.stopped:
+                return
+            for log in list(_open_logs):
+                if log._buf and log.flush_interval is not None:
+                    try:
+                        log.flush()
+                    except Exception:  # pragma: no cover - a sink closed by its owner meanwhile
+                        _open_logs.discard(log)
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            self._wake.set()
+
+
+_flusher = _Flusher()
+
+
 @atexit.register
 def _flush_at_exit() -> None:
     """Interpreter exit without close(): every open log still gets its buffered events."""
+    _flusher.stop()
     for log in list(_open_logs):
         try:
             log.close() if log._owns else log.flush()
@@ -160,9 +222,25 @@ def read_log(source) -> list[LogEvent]:
                              f"byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
     elif isinstance(source, str):
         text = source
-    else:
+    elif hasattr(source, "read"):
         text = source.read()
-    rows = csv.reader(io.StringIO(text))
+    else:
+        raise TypeError(f"source must be a path, a file object or the log's text, not {type(source).__name__}")
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("ascii")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"source is not an allocation log (not ASCII text: byte "
+                             f"{exc.object[exc.start]:#04x} at offset {exc.start})") from None
+    if "\0" in text:
+        raise ValueError(f"source is not an allocation log (a NUL character at offset {text.index(chr(0))})")
+    try:
+        return _parse_rows(csv.reader(io.StringIO(text)))
+    except csv.Error as exc:
+        raise ValueError(f"source is not a readable CSV allocation log: {exc}") from None
+
+
+def _parse_rows(rows) -> list[LogEvent]:
     header = next(rows, None)
     if header is None or [h.strip() for h in header][:6] != HEADER.split(","):
         raise ValueError(f"line 1: expected the header {HEADER!r}, got {header!r}")
@@ -175,11 +253,34 @@ def read_log(source) -> list[LogEvent]:
             action = {"deallocate": "free", "allocate_failure": "allocate failure"}.get(action, action)
             if action not in ("allocate", "free", "allocate failure"):
                 raise ValueError(f"unknown action {action!r}")
-            events.append(LogEvent(int(thread), _parse_time(t), action, int(ptr, 16), int(size),
-                                   int(stream, 16) if stream.startswith("0x") else int(stream)))
-        except ValueError as exc:
+            ev = LogEvent(int(thread), _parse_time(t), action, int(ptr, 16), int(size),
+                          int(stream, 16) if stream.startswith("0x") else int(stream))
+            if ev.size < 0 or ev.pointer < 0 or ev.stream < 0:
+                raise ValueError("negative size, pointer or stream")
+            events.append(ev)
+        except (ValueError, OverflowError, OSError) as exc:  # OverflowError/OSError: absurd dates
             raise ValueError(f"line {lineno}: cannot read {row!r}: {exc}") from None
     return events
+
+
+def _check_log(events) -> None:
+    """Refuse a log that contradicts itself (``ValueError`` naming the event)."""
+    live: dict[int, int] = {}
+    for i, ev in enumerate(events, start=1):
+        if not isinstance(ev, LogEvent):
+            raise TypeError(f"log event {i} must be a LogEvent, not {type(ev).__name__}")
+        if ev.size < 0:
+            raise ValueError(f"log event {i}: negative size {ev.size}")
+        if ev.action == "allocate":
+            if ev.pointer in live:
+                raise ValueError(f"log event {i}: pointer {ev.pointer:#x} is allocated again while the log "
+                                 f"still has it live ({live[ev.pointer]} bytes): the log is inconsistent")
+            live[ev.pointer] = ev.size
+        elif ev.action == "free":
+            n = live.pop(ev.pointer, None)
+            if n is not None and n != ev.size:
+                raise ValueError(f"log event {i}: pointer {ev.pointer:#x} is freed with size {ev.size}, "
+                                 f"but was allocated with {n} bytes: the log is inconsistent")
 
 
 @dataclass(frozen=True)
@@ -209,8 +310,14 @@ def replay(log, resource: MemoryResource, *, streams: dict | None = None, driver
     (``0x0`` to :data:`~mrkit.DEFAULT_STREAM`; others to new streams on the resource's device, or as
     given in ``streams``). Allocations still live at the end are freed. Frees of pointers the log
     never allocated (a log that starts mid-run) are skipped.
+
+    A log that contradicts itself is refused with ``ValueError`` before anything is allocated: a
+    pointer allocated again while the log still has it live, or freed with a size other than the
+    one it was allocated with. If the resource raises anything but ``OutOfMemoryError`` midway,
+    every allocation made so far is freed before the error propagates.
     """
     events = read_log(log) if not isinstance(log, list) else log
+    _check_log(events)
     streams = dict(streams or {})
     made: list[Stream] = []
     dev = resource.device_id or 0
@@ -259,12 +366,18 @@ def replay(log, resource: MemoryResource, *, streams: dict | None = None, driver
                 free(entry[0], entry[1], s)
                 elapsed += clock() - t0
                 cur -= entry[1]
-        for p, size, s in live.values():
+        while live:
+            _, (p, size, s) = live.popitem()
             free(p, size, s)
         held = getattr(resource, "pool_size", None)
         if held is None:
             held = getattr(resource, "live_bytes", None)
     finally:
+        for p, size, s in live.values():  # only after a failure: nothing is left behind
+            try:
+                free(p, size, s)
+            except Exception:  # pragma: no cover - the resource is already failing
+                pass
         for s in made:
             s.synchronize()
             s.close()

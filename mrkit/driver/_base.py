@@ -84,6 +84,9 @@ class Driver(abc.ABC):
         """Make ``dev``'s primary context current on this thread and leave it so (retained once).
         mrkit itself never calls this: it uses :meth:`on_device`, which restores the caller's."""
     @abstractmethod
+    def current_device(self) -> int:
+        """The device of this thread's current context (cuCtxGetDevice); 0 when it has none."""
+    @abstractmethod
     def on_device(self, dev: int) -> "contextlib.AbstractContextManager[None]":
         """A context manager: ``dev``'s primary context is current inside it (cuCtxSetCurrent only
         when it is not already), and the thread's previous context, or none, is current again on

@@ -251,6 +251,12 @@ class CudaDriver(Driver):
     def ensure_context(self, dev: int) -> None:
         self._check(self.d.cuCtxSetCurrent(self._primary(dev)), "cuCtxSetCurrent")
 
+    def current_device(self) -> int:
+        d = self.d
+        if int(d.cuCtxGetCurrent()[1]) == 0:
+            return 0
+        return int(self._check(d.cuCtxGetDevice(), "cuCtxGetDevice"))
+
     @contextlib.contextmanager
     def on_device(self, dev: int):
         prev = self._enter(dev)

@@ -63,9 +63,9 @@ class _DriverResource(MemoryResource):
     def deallocate(self, ptr, nbytes, stream, alignment=256):
         if type(stream) is not Stream:
             stream = as_stream(stream, self.driver)
-        if ptr == 0 and nbytes == 0:
+        if ptr == 0 and nbytes == 0 and type(nbytes) is int:
             return
-        self._live.pop(ptr, nbytes)
+        nbytes = self._live.pop(ptr, nbytes)
         try:
             self._raw_free(ptr, stream)
         except BaseException:
@@ -217,6 +217,8 @@ class HostMemoryResource(MemoryResource):
 
     def deallocate(self, ptr, nbytes, stream, alignment=256):
         check_stream(stream)
+        if type(nbytes) is not int:
+            nbytes = check_request(nbytes, 256, 256)
         if ptr == 0 and nbytes == 0:
             return
         entry = self._arrays.get(ptr)

@@ -9,6 +9,7 @@ from .._sizes import parse_size
 from ..driver import Driver
 from ._pool import UpstreamCachingResource, UpstreamChunks
 
+DEFAULT_ALIGNMENT = 256  # identity-tested on the fast path (see mrkit._engine._hot)
 __all__ = ["BinningResource"]
 
 
@@ -56,7 +57,7 @@ class BinningResource(UpstreamCachingResource):
         return max(GRAIN, 1 << (nbytes - 1).bit_length())
 
     def _allocate(self, nbytes, stream, alignment=256):
-        if type(nbytes) is not int or nbytes <= 0 or alignment != 256:
+        if type(nbytes) is not int or nbytes <= 0 or alignment is not DEFAULT_ALIGNMENT:
             nbytes = check_request(nbytes, alignment, self.max_alignment)
         if nbytes == 0:
             return self._bin_alloc(0, stream)  # validates the stream, returns 0
@@ -69,7 +70,7 @@ class BinningResource(UpstreamCachingResource):
         return ptr
 
     def _deallocate(self, ptr, nbytes, stream, alignment=256):
-        if type(nbytes) is not int or alignment != 256:
+        if type(nbytes) is not int or alignment is not DEFAULT_ALIGNMENT:
             nbytes = check_request(nbytes, alignment, 1 << 62)
         n = self._sizes.get(ptr)
         if n is not None:

@@ -1,7 +1,10 @@
 """Shared bookkeeping of the driver-backed resources: which pointers they handed out."""
 from __future__ import annotations
 
+from .._resource import check_request
+
 __all__ = ["LiveTable"]
+GRAIN = 256
 
 
 class LiveTable:
@@ -14,13 +17,18 @@ class LiveTable:
         self.live: dict[int, int] = {}
         self.owner = owner
 
-    def pop(self, ptr: int, nbytes: int) -> None:
+    def pop(self, ptr: int, nbytes) -> int:
+        """Forget ``ptr`` and return its size; ``TypeError``/``ValueError`` naming the argument
+        (nothing changed) when ``nbytes`` is not an int-like or not the size allocated."""
+        if type(nbytes) is not int:
+            nbytes = check_request(nbytes, GRAIN, GRAIN)
         size = self.live.get(ptr)
         if size is None:
             raise ValueError(f"ptr {ptr:#x} was not allocated by {self.owner!r} or was already freed")
         if size != nbytes:
             raise ValueError(f"nbytes {nbytes} does not match the allocation of {size} bytes at {ptr:#x}")
         del self.live[ptr]
+        return size
 
     def restore(self, ptr: int, nbytes: int) -> None:
         self.live[ptr] = nbytes

@@ -10,6 +10,7 @@ from .._stream import Stream, as_stream
 from ..driver import POOL_ATTRIBUTES, Driver, get_driver
 from ._common import LiveTable
 
+DEFAULT_ALIGNMENT = 256  # identity-tested on the fast path (see mrkit._engine._hot)
 __all__ = ["DeviceMemoryResource", "DeviceMemoryResourceOptions", "MemoryPool"]
 
 _U64_MAX = (1 << 64) - 1
@@ -229,14 +230,18 @@ class DeviceMemoryResource(MemoryResource):
         self._live = LiveTable(self)
 
     def allocate(self, nbytes, stream, alignment=256):
-        if type(nbytes) is not int or nbytes <= 0 or alignment != 256:
+        if type(nbytes) is not int or nbytes <= 0 or alignment is not DEFAULT_ALIGNMENT:
             nbytes = check_request(nbytes, alignment, 256)
             if nbytes == 0:
                 return 0
         if type(stream) is not Stream:
             stream = as_stream(stream, self.driver)
         try:
-            ptr = self._alloc(nbytes, self._h, stream.handle)
+            if stream.uid < 0:  # a default stream is this device's, whichever device is current
+                with self.driver.on_device(self.device_id):
+                    ptr = self._alloc(nbytes, self._h, stream.handle)
+            else:
+                ptr = self._alloc(nbytes, self._h, stream.handle)
         except (OutOfMemoryError, CUDAError) as exc:
             if not isinstance(exc, OutOfMemoryError) and not (
                     exc.name == "CUDA_ERROR_INVALID_VALUE" and nbytes > self.driver.device_total_mem(self.device_id)):
@@ -252,13 +257,18 @@ class DeviceMemoryResource(MemoryResource):
         if type(stream) is not Stream:
             stream = as_stream(stream, self.driver)
         live = self._live.live
-        if live.get(ptr) != nbytes or ptr == 0:
-            if ptr == 0 and nbytes == 0:
+        if type(nbytes) is not int or live.get(ptr) != nbytes or ptr == 0:
+            if ptr == 0 and nbytes == 0 and type(nbytes) is int:
                 return
-            self._live.pop(ptr, nbytes)  # raises the precise ValueError
-        del live[ptr]
+            nbytes = self._live.pop(ptr, nbytes)  # validates (the precise error) and forgets ptr
+        else:
+            del live[ptr]
         try:
-            self._free(ptr, stream.handle)
+            if stream.uid < 0:
+                with self.driver.on_device(self.device_id):
+                    self._free(ptr, stream.handle)
+            else:
+                self._free(ptr, stream.handle)
         except BaseException:
             live[ptr] = nbytes
             raise

@@ -49,6 +49,9 @@ class StreamsMixin:
         self._device(dev, "cuCtxSetCurrent")
         self._tls.dev = dev
 
+    def current_device(self) -> int:
+        return getattr(self._tls, "dev", 0)
+
     @contextlib.contextmanager
     def on_device(self, dev: int):
         self._device(dev, "cuCtxSetCurrent")

@@ -1,0 +1,148 @@
+"""The bad-input table: every public entry point, each bad input, the precise error it gets, a
+message naming the argument, and the state unchanged afterwards (counters, free lists, live tables,
+logs). Runs on the simulator."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+import mrkit
+from mrkit import (
+    DEFAULT_STREAM, BinningResource, Buffer, CudaMemoryResource, DeviceMemoryResource, HostMemoryResource,
+    LimitingAdaptor, LoggingAdaptor, ManagedMemoryResource, OutOfMemoryError, PinnedMemoryResource, PoolResource,
+    StatisticsAdaptor, Stream, TrackingAdaptor, VirtualMemoryResource,
+)
+from mrkit.driver import SimDriver, set_backend
+
+MiB = 1 << 20
+
+# -- the resources under test: each factory builds one on the current (simulated) driver -------------
+RESOURCES = {
+    "device": lambda: DeviceMemoryResource(0),
+    "cuda": lambda: CudaMemoryResource(0),
+    "managed": lambda: ManagedMemoryResource(0),
+    "pinned": lambda: PinnedMemoryResource(),
+    "host": lambda: HostMemoryResource(),
+    "pool": lambda: PoolResource(CudaMemoryResource(0), initial_size="4 MiB"),
+    "vmm": lambda: VirtualMemoryResource(0),
+    "binning": lambda: BinningResource(CudaMemoryResource(0), "64 KiB"),
+    "statistics": lambda: StatisticsAdaptor(PoolResource(CudaMemoryResource(0))),
+    "limiting": lambda: LimitingAdaptor(CudaMemoryResource(0), "64 MiB"),
+    "tracking": lambda: TrackingAdaptor(CudaMemoryResource(0)),
+    "logging": lambda: LoggingAdaptor(CudaMemoryResource(0), io.StringIO(), buffer_lines=1),
+}
+
+
+def _state(mr):
+    """Everything observable that a refused call must leave alone."""
+    out = {"live": getattr(mr, "live_bytes", None), "pool": getattr(mr, "pool_size", None)}
+    if isinstance(mr, StatisticsAdaptor):
+        st = mr.statistics
+        out["stats"] = (st.current_bytes, st.current_count, st.total_bytes, st.total_count, st.peak_bytes)
+    if isinstance(mr, LimitingAdaptor):
+        out["used"] = mr.used_bytes
+    if isinstance(mr, TrackingAdaptor):
+        out["tracked"] = mr.outstanding()
+    if isinstance(mr, LoggingAdaptor):
+        mr.flush()
+        out["log"] = mr._file.getvalue()
+    up = getattr(mr, "upstream", None)
+    if up is not None:
+        out["upstream"] = _state(up)
+    return out
+
+
+class _Closed:
+    """A stream that has been destroyed."""
+
+
+# (case id, operation on (mr, ptr, size), expected exception, words the message must contain)
+ALLOC_CASES = [
+    ("nbytes=-1", lambda mr, p, n: mr.allocate(-1, DEFAULT_STREAM), ValueError, "nbytes"),
+    ("nbytes=float", lambda mr, p, n: mr.allocate(1.5, DEFAULT_STREAM), TypeError, "nbytes"),
+    ("nbytes=str", lambda mr, p, n: mr.allocate("64", DEFAULT_STREAM), TypeError, "nbytes"),
+    ("nbytes=bool", lambda mr, p, n: mr.allocate(True, DEFAULT_STREAM), TypeError, "nbytes"),
+    ("nbytes=None", lambda mr, p, n: mr.allocate(None, DEFAULT_STREAM), TypeError, "nbytes"),
+    ("nbytes=np.float64", lambda mr, p, n: mr.allocate(np.float64(64), DEFAULT_STREAM), TypeError, "nbytes"),
+    ("alignment=3", lambda mr, p, n: mr.allocate(64, DEFAULT_STREAM, 3), ValueError, "alignment"),
+    ("alignment=0", lambda mr, p, n: mr.allocate(64, DEFAULT_STREAM, 0), ValueError, "alignment"),
+    ("alignment=float", lambda mr, p, n: mr.allocate(64, DEFAULT_STREAM, 256.0), TypeError, "alignment"),
+    ("stream=None", lambda mr, p, n: mr.allocate(64, None), TypeError, "stream"),
+    ("stream=-1", lambda mr, p, n: mr.allocate(64, -1), ValueError, "stream"),
+    ("stream=str", lambda mr, p, n: mr.allocate(64, "default"), TypeError, "stream"),
+    ("nbytes=2**70", lambda mr, p, n: mr.allocate(2 ** 70, DEFAULT_STREAM), OutOfMemoryError, "bytes"),
+]
+FREE_CASES = [
+    ("ptr=unknown", lambda mr, p, n: mr.deallocate(p + 1 << 40, n, DEFAULT_STREAM), ValueError, "ptr"),
+    ("nbytes=wrong", lambda mr, p, n: mr.deallocate(p, n + 1, DEFAULT_STREAM), ValueError, "nbytes"),
+    ("nbytes=float", lambda mr, p, n: mr.deallocate(p, float(n), DEFAULT_STREAM), TypeError, "nbytes"),
+    ("stream=None", lambda mr, p, n: mr.deallocate(p, n, None), TypeError, "stream"),
+]
+CASES = [(r, cid, op, exc, word) for r in RESOURCES for cid, op, exc, word in ALLOC_CASES + FREE_CASES]
+
+
+@pytest.mark.parametrize("resource,case,op,exc,word", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_bad_input_on_every_resource(resource, case, op, exc, word):
+    set_backend(SimDriver(policy="eager"))
+    mr = RESOURCES[resource]()
+    n = 3000
+    p = mr.allocate(n, DEFAULT_STREAM)  # one live block, so frees have something to get wrong
+    before = _state(mr)
+    with pytest.raises(exc) as info:
+        op(mr, p, n)
+    assert word in str(info.value), f"the message does not name {word!r}: {info.value}"
+    if exc is OutOfMemoryError:
+        assert repr(mr).split("(")[0] in str(info.value) or "resource" in str(info.value).lower() \
+            or "limit" in str(info.value)
+    after = _state(mr)
+    if exc is OutOfMemoryError and isinstance(mr, LoggingAdaptor):  # a failure is an event, as in RMM
+        assert after["log"].startswith(before["log"]) and after["log"].count("allocate failure") == 1
+        after["log"] = before["log"]
+    assert after == before
+    mr.deallocate(p, n, DEFAULT_STREAM)  # the block is still the caller's and frees normally
+    assert (getattr(mr, "live_bytes", 0) or 0) == 0
+
+
+# -- entry points other than allocate/deallocate -----------------------------------------------------
+OTHER = [
+    ("parse_size(-1)", lambda: mrkit.parse_size(-1, "limit"), ValueError, "limit"),
+    ("parse_size('lots')", lambda: mrkit.parse_size("lots", "limit"), ValueError, "limit"),
+    ("parse_size(None)", lambda: mrkit.parse_size(None, "limit"), TypeError, "limit"),
+    ("parse_spec(5)", lambda: mrkit.parse_spec(5), TypeError, "spec"),
+    ("parse_spec('')", lambda: mrkit.parse_spec(""), ValueError, "resource spec"),
+    ("parse_spec('pool(')", lambda: mrkit.parse_spec("pool("), ValueError, "position"),
+    ("parse_spec('limiting(device, 0)')", lambda: mrkit.parse_spec("limiting(device, 0)"), ValueError, "limit"),
+    ("PoolResource(upstream=1)", lambda: PoolResource(1), TypeError, "upstream"),
+    ("PoolResource(initial_size=-1)", lambda: PoolResource(CudaMemoryResource(0), -1), ValueError, "initial_size"),
+    ("PoolResource(maximum < initial)", lambda: PoolResource(CudaMemoryResource(0), "8 MiB", "4 MiB"),
+     ValueError, "maximum_size"),
+    ("BinningResource(max_bin=100)", lambda: BinningResource(CudaMemoryResource(0), 100), ValueError, "max_bin"),
+    ("LimitingAdaptor(limit='x')", lambda: LimitingAdaptor(CudaMemoryResource(0), "x"), ValueError, "limit"),
+    ("LoggingAdaptor(sink=5)", lambda: LoggingAdaptor(CudaMemoryResource(0), 5), TypeError, "sink"),
+    ("LoggingAdaptor(buffer_lines=0)", lambda: LoggingAdaptor(CudaMemoryResource(0), io.StringIO(), buffer_lines=0),
+     ValueError, "buffer_lines"),
+    ("DeviceMemoryResource(device=99)", lambda: DeviceMemoryResource(99), mrkit.CUDAError, "device"),
+    ("set_current_resource(5)", lambda: mrkit.set_current_resource(5), TypeError, "mr"),
+    ("get_current_resource(-1)", lambda: mrkit.get_current_resource(-1), ValueError, "device"),
+    ("Stream.wrap('x')", lambda: Stream.wrap("x"), TypeError, "handle"),
+    ("read_log(binary)", lambda: mrkit.read_log(io.BytesIO(b"\xff\xfe")), ValueError, "not an allocation log"),
+    ("read_log(no header)", lambda: mrkit.read_log("a,b\n1,2\n"), ValueError, "header"),
+    ("read_log(bad action)", lambda: mrkit.read_log("Thread,Time,Action,Pointer,Size,Stream\n1,0,steal,0x1,1,0\n"),
+     ValueError, "line 2"),
+    ("read_log(5)", lambda: mrkit.read_log(5), TypeError, "source"),
+    ("allocate_buffer(nbytes=-1)", lambda: HostMemoryResource().allocate_buffer(-1), ValueError,
+     "nbytes"),
+]
+
+
+@pytest.mark.parametrize("case,op,exc,word", OTHER, ids=[c[0] for c in OTHER])
+def test_bad_input_on_other_entry_points(sim, case, op, exc, word):
+    with pytest.raises(exc) as info:
+        op()
+    assert word in str(info.value), f"the message does not name {word!r}: {info.value}"
+
+
+def test_the_table_is_big_enough():
+    assert len(CASES) + len(OTHER) >= 100
