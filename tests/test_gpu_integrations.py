@@ -150,3 +150,32 @@ def test_jax_array_zero_copy(gpu):
         pytest.skip("jax is not installed")
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["5", "5", "True"]
+
+
+def test_collected_cupy_streams_whose_handles_come_back(gpu):
+    """CuPy streams that freed pool memory are collected (destroyed) while the pool still holds their
+    blocks; new streams may get the same handles. The pool must neither record on a dead handle nor
+    mistake a newcomer for the old stream (before: a crash inside the driver)."""
+    import gc
+
+    import cupy
+    pool = PoolResource(DeviceMemoryResource(0, driver=gpu))
+    seen = []
+    for i in range(32):
+        s = cupy.cuda.Stream(non_blocking=True)
+        seen.append(s.ptr)
+        p = pool.allocate(1 << 20, s)
+        gpu.memset_async(p, i, 1 << 20, s.ptr)  # queued work still using the block when s goes away
+        pool.deallocate(p, 1 << 20, s)
+        del s
+        gc.collect()
+    reused = [cupy.cuda.Stream(non_blocking=True) for _ in range(8)]
+    for s in reused:  # newcomers (some with recycled handles) take the collected streams' memory
+        q = pool.allocate(1 << 20, s)
+        gpu.memset_async(q, 7, 1 << 20, s.ptr)
+        assert gpu.copy_to_host(q, 4, s.ptr) == b"\x07" * 4
+        pool.deallocate(q, 1 << 20, s)
+    for s in reused:
+        s.synchronize()
+    pool.release()
+    assert pool.pool_size == 0 and pool.live_bytes == 0
