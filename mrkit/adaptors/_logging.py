@@ -309,7 +309,9 @@ def replay(log, resource: MemoryResource, *, streams: dict | None = None, driver
     Logged pointers map to the new ones; each logged stream maps to a stream of this process
     (``0x0`` to :data:`~mrkit.DEFAULT_STREAM`; others to new streams on the resource's device, or as
     given in ``streams``). Allocations still live at the end are freed. Frees of pointers the log
-    never allocated (a log that starts mid-run) are skipped.
+    never allocated (a log that starts mid-run) are skipped. A free logged on another stream than
+    its allocation is ordered after the allocating stream's work (the program did so somehow; the
+    log does not record how).
 
     A log that contradicts itself is refused with ``ValueError`` before anything is allocated: a
     pointer allocated again while the log still has it live, or freed with a size other than the
@@ -362,6 +364,10 @@ def replay(log, resource: MemoryResource, *, streams: dict | None = None, driver
                 entry = live.pop(ev.pointer, None)
                 if entry is None:
                     continue
+                if s is not entry[2] and resource.device_accessible:
+                    # a free on another stream: the program ordered it after the allocating stream's
+                    # work (the log does not say how), so the replay orders it with one wait
+                    s.wait(entry[2])
                 t0 = clock()
                 free(entry[0], entry[1], s)
                 elapsed += clock() - t0

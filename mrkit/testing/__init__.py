@@ -8,6 +8,7 @@
   checker) or on a GPU.
 * :func:`register_profiles` / :func:`load_profile` — Hypothesis profiles ``ci`` (built on
   Hypothesis's own ``ci``), ``dev``, ``gpu`` and ``nightly``, chosen with ``HYPOTHESIS_PROFILE``.
+* :func:`run_kit` — both on named resources (``python -m mrkit.testing [names...]`` from a shell).
 * :class:`~mrkit.driver.SimDriver` (re-exported) — the simulated CUDA device.
 
 Factories take the driver the kit chose and return a fresh resource::
@@ -22,13 +23,13 @@ import os
 from ..driver import SimDeviceSpec, SimDriver, get_driver, use_backend
 from ._conformance import CHECKS, Harness, read_back, walk_stack, write_pattern
 from ._conformance import run_conformance as _run_conformance
-from ._machine import default_backend, make_state_machine
+from ._machine import checker_canary, default_backend, make_state_machine
 from ._registry import BUILTIN_FACTORIES
 
 __all__ = [
     "run_conformance", "conformance_test_class", "make_state_machine", "register_profiles",
     "load_profile", "default_backend", "make_driver", "CHECKS", "Harness", "write_pattern",
-    "read_back", "walk_stack", "SimDriver", "SimDeviceSpec", "BUILTIN_FACTORIES",
+    "read_back", "walk_stack", "SimDriver", "SimDeviceSpec", "BUILTIN_FACTORIES", "run_kit", "checker_canary",
 ]
 
 
@@ -88,3 +89,6 @@ def load_profile(default: str = "dev") -> str:
     name = os.environ.get("HYPOTHESIS_PROFILE", default)
     settings.load_profile(name)
     return name
+
+
+from ._kit import run_kit  # noqa: E402 - uses the functions above

@@ -1,28 +1,45 @@
-"""A Hypothesis state machine for allocate/free ordering over any resource."""
+"""A Hypothesis state machine for allocate/free ordering over any resource.
+
+On the simulator every decision is the test's data: which stream's work runs next (``advance``
+draws a list of choices for :meth:`SimDriver.run_choices`), when an upstream allocation fails, how
+host threads interleave. A failing run therefore shrinks to a short story — a few allocations and
+frees on two streams — and replays exactly from Hypothesis's database or a ``@reproduce_failure``
+blob. ``scheduling="seeded"`` keeps the older seeded-random interleavings for users without a
+Hypothesis-driven run.
+
+Checks never hide a race: blocks are filled and verified by kernels on their own streams (the
+race checker sees each of them, and a verify kernel reports wrong bytes when it runs); the host only
+reads a block after synchronising the one stream that owns it, never the whole device.
+"""
 from __future__ import annotations
 
+import io
 import os
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
 from hypothesis import note
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule
+from hypothesis.stateful import (
+    Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule,
+)
 
-from .._errors import OutOfMemoryError
+from .._errors import CUDAError, OutOfMemoryError, StreamOrderViolation
 from .._resource import MemoryResource
 from .._stream import DEFAULT_STREAM, Event, Stream
-from ..adaptors import LimitingAdaptor, StatisticsAdaptor
-from ..driver import Driver, SimDriver, reset_backend, get_driver, set_backend
+from ..adaptors import LimitingAdaptor, LoggingAdaptor, StatisticsAdaptor, TrackingAdaptor, read_log, replay
+from ..driver import Driver, SimDriver, get_driver, reset_backend, set_backend
 from ._conformance import Harness, read_back, walk_stack, write_pattern
 
-__all__ = ["make_state_machine", "default_backend"]
+__all__ = ["make_state_machine", "default_backend", "checker_canary"]
 
 SIZES = st.one_of(
     st.integers(1, 512),
-    st.sampled_from([256, 1000, 4096, 65536, 1 << 20]),
+    st.sampled_from([256, 1000, 4096, 65536, 1 << 20, 4 << 20, 8 << 20]),  # whole pages: VMM runs and moves
     st.integers(513, 3 << 20),
 )
+INJECTED = "injected by SimDriver.fail_allocation"
 
 
 def default_backend() -> str:
@@ -43,27 +60,85 @@ class _Block:
         return f"<block {self.ptr:#x}+{self.nbytes} on {self.stream!r}>"
 
 
+def checker_canary(driver: SimDriver) -> None:
+    """Prove the simulator's race checker works before trusting its silence: unordered writes on
+    two streams, a read racing a write, and a use after free must each raise
+    :class:`~mrkit.StreamOrderViolation`; the same work ordered by an event must not."""
+    a, b = driver.stream_create(0), driver.stream_create(0)
+    p = driver.mem_alloc(0, 4096)
+    try:
+        driver.memset_async(p, 1, 4096, a)
+        for what, op in (("write/write", lambda: driver.memset_async(p, 2, 4096, b)),
+                         ("read/write", lambda: driver.touch(p, 4096, b, write=False))):
+            try:
+                op()
+            except StreamOrderViolation:
+                continue
+            raise AssertionError(f"the race checker missed a {what} race between two unordered streams")
+        ev = driver.event_create(0)
+        driver.event_record(ev, a)
+        driver.stream_wait_event(b, ev)
+        driver.memset_async(p, 2, 4096, b)  # ordered by the event: must pass
+        driver.stream_synchronize(b)
+        driver.event_destroy(ev)
+    finally:
+        driver.stream_synchronize(a)
+        driver.stream_synchronize(b)
+        driver.mem_free(p)
+    try:
+        if driver.device_capability(0, "memory_pools_supported"):
+            # stream-ordered memory stays the driver's after its free: any later use is a bug,
+            # however well it is ordered
+            pool = driver.device_get_default_mem_pool(0)
+            q = driver.mem_alloc_from_pool_async(4096, pool, a)
+            driver.memset_async(q, 1, 4096, a)
+            driver.mem_free_async(q, a)
+            try:
+                driver.memset_async(q, 3, 16, a)
+            except StreamOrderViolation:
+                pass
+            else:
+                raise AssertionError("the race checker missed a use after a stream-ordered free")
+            driver.stream_synchronize(a)
+    finally:
+        driver.stream_destroy(a)
+        driver.stream_destroy(b)
+
+
 def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: str | None = None,
-                       max_streams: int = 3, sim_factory: Callable[[int], SimDriver] | None = None,
-                       name: str = "ResourceMachine") -> type:
+                       max_streams: int = 4, sim_factory: Callable[[int], SimDriver] | None = None,
+                       scheduling: str = "hypothesis", faults: bool = True, threads: bool = True,
+                       log_roundtrip: bool = True, name: str = "ResourceMachine") -> type:
     """Build a ``RuleBasedStateMachine`` class testing ``factory(driver)``'s resource.
 
-    Rules allocate (sizes, alignments, streams), use blocks (a fill on their stream), free them on
-    their stream or on another stream made to wait, synchronise, create and destroy streams, trim,
-    and on the simulator advance a seeded random interleaving. Invariants: no two live blocks
-    overlap, every block is aligned, and live bytes agree with a plain model, with every
-    ``StatisticsAdaptor``/``LimitingAdaptor`` in the stack, and with the resource's own
-    ``live_bytes``. Each block's contents are checked before it is freed. On the simulator any
-    stream-order violation fails the run. Teardown frees everything and proves it was returned.
+    Rules: allocate (sizes, alignments, streams; optionally filled by a kernel), fill, verify (a
+    kernel on the block's stream), free on the block's stream, on another stream ordered by an
+    event, or on another stream after the host synchronised the block's; synchronise one stream;
+    create and destroy streams (also while the resource holds their freed blocks); ``release()`` and
+    ``trim()``; on the simulator, ``advance`` (which ops run, drawn from the test's data), injected
+    upstream failures (the n-th driver allocation raises out of memory or a driver error) and bursts
+    from two host threads interleaved in an order the data gives.
 
-    ``backend`` is ``"sim"`` or ``"cuda"`` (default: :func:`default_backend`); ``sim_factory(seed)``
-    builds the simulated driver (default: one device, random scheduling policy).
+    Invariants: no two live blocks overlap, every block is aligned, no verify kernel found wrong
+    bytes, live bytes agree with a plain model, with every statistics, limiting and tracking adaptor
+    in the stack and with the resource's ``live_bytes``, and no limiting adaptor is past its limit.
+    The simulator raises on any stream-order violation. Teardown frees everything, proves every byte
+    went back (device free memory as at the start), and — with ``log_roundtrip`` — reads the run's
+    log back and replays it against a fresh resource with the same outcome.
+
+    ``backend`` is ``"sim"`` or ``"cuda"`` (default: :func:`default_backend`). ``scheduling`` is
+    ``"hypothesis"`` (default) or ``"seeded"`` (``sim_factory(seed)`` builds the driver; default: a
+    seeded random scheduling policy).
     """
     backend = backend or default_backend()
     if backend not in ("sim", "cuda"):
         raise ValueError(f"backend must be 'sim' or 'cuda', got {backend!r}")
+    if scheduling not in ("hypothesis", "seeded"):
+        raise ValueError(f"scheduling must be 'hypothesis' or 'seeded', got {scheduling!r}")
     sim = backend == "sim"
-    make_sim = sim_factory or (lambda seed: SimDriver(policy="random", seed=seed))
+    driven = sim and scheduling == "hypothesis" and sim_factory is None
+    make_sim = sim_factory or ((lambda seed: SimDriver(policy="manual")) if driven
+                               else (lambda seed: SimDriver(policy="random", seed=seed)))
 
     class Machine(RuleBasedStateMachine):
         blocks = Bundle("blocks")
@@ -73,27 +148,93 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
             self.mr = None
             self._previous_driver = None
 
-        @initialize(seed=st.integers(0, 2**31 - 1))
+        @initialize(seed=st.integers(0, 2**31 - 1) if not driven else st.just(0))
         def setup(self, seed):
             self.driver = make_sim(seed) if sim else get_driver()
             # the machine's driver is the process's driver until teardown, so DEFAULT_STREAM and
             # resources built with default arguments use it too
             self._previous_driver = set_backend(self.driver)
+            if sim:
+                checker_canary(self.driver)
             self.mr = factory(self.driver)
+            self.api = LoggingAdaptor(self.mr, io.StringIO(), buffer_lines=1 << 30, flush_interval=None) \
+                if log_roundtrip else self.mr
             self.h = Harness(self.mr, self.driver)
             self.model: dict[int, _Block] = {}
-            self.streams: list[Stream] = [DEFAULT_STREAM] if self.mr.device_accessible else [DEFAULT_STREAM]
+            self.streams: list[Stream] = [DEFAULT_STREAM]
+            if self.mr.device_accessible:  # most ordering bugs need two streams besides the default
+                self.streams += [Stream.create(self.mr.device_id or 0, driver=self.driver)
+                                 for _ in range(min(2, max_streams - 1))]
             self.counter = 0
+            self.peak = 0
+            self.refusals = 0  # out of memory or injected failures: the replay may differ there
+            self.corrupt: list[str] = []
             dev = self.mr.device_id or 0
             self.baseline = self.driver.mem_get_info(dev)[0] if sim and self.driver.device_count() else None
-            note(f"resource: {self.mr!r}, backend {backend}, seed {seed}")
+            note(f"resource: {self.mr!r}, backend {backend}, scheduling {scheduling if sim else 'gpu'}")
 
         # -- helpers ---------------------------------------------------------------------
+        _thread_notes = None
+
+        def _note(self, msg: str) -> None:
+            if self._thread_notes is not None:  # inside two_threads: noted once, from the test's thread
+                self._thread_notes.append(msg)
+            else:
+                note(msg)
+
         def _stream(self, i: int) -> Stream:
             return self.streams[i % len(self.streams)]
 
         def _live_bytes(self) -> int:
             return sum(b.nbytes for b in self.model.values())
+
+        def _fill(self, b: _Block) -> None:
+            write_pattern(self.h, b.ptr, b.nbytes, b.pattern, b.stream)
+            b.used = True
+
+        def _verify(self, b: _Block) -> None:
+            """Check a used block's bytes without ordering anything that was not already ordered."""
+            if not b.used:
+                return
+            if sim and self.mr.device_accessible:
+                def report(found, b=b):
+                    self.corrupt.append(f"{b!r} held {found} instead of {b.pattern} when its verify kernel ran")
+                self.driver.verify_async(b.ptr, b.nbytes, b.pattern, b.stream.handle, report)
+            else:  # the GPU, or host memory: read after synchronising this block's stream only
+                got = read_back(self.h, b.ptr, b.nbytes, b.stream)
+                assert got == bytes([b.pattern]) * b.nbytes, (
+                    f"{b!r} was corrupted: expected {b.pattern}, found {sorted(set(got))[:4]}")
+
+        def _allocate(self, nbytes, align, s, fill):
+            before = self._live_bytes()
+            try:
+                ptr = self.api.allocate(nbytes, s, align)
+            except OutOfMemoryError as exc:
+                self._note(f"allocate({nbytes}) on {s!r}: out of memory ({str(exc)[:120]})")
+                self.refusals += 1
+                assert self._live_bytes() == before
+                return None
+            except CUDAError as exc:
+                if INJECTED not in str(exc):
+                    raise
+                self._note(f"allocate({nbytes}) on {s!r}: injected {exc.name}")
+                self.refusals += 1
+                return None
+            assert ptr % align == 0, f"{ptr:#x} is not {align}-aligned"
+            assert ptr not in self.model, f"{ptr:#x} handed out twice"
+            self.counter += 1
+            b = _Block(ptr, nbytes, align, s, self.counter % 255 + 1)
+            self.model[ptr] = b
+            self.peak = max(self.peak, self._live_bytes())
+            self._note(f"allocate({nbytes}, align={align}) on {s!r} -> {ptr:#x}")
+            if fill:
+                self._fill(b)
+            return b
+
+        def _free(self, b: _Block, s: Stream) -> None:
+            self._note(f"free {b!r} on {s!r}")
+            self.api.deallocate(b.ptr, b.nbytes, s, b.alignment)
+            del self.model[b.ptr]
 
         # -- rules -----------------------------------------------------------------------
         @precondition(lambda self: self.mr is not None and self.mr.device_accessible and len(self.streams) < max_streams)
@@ -105,60 +246,96 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
 
         @precondition(lambda self: self.mr is not None and any(
             not s.is_default and all(b.stream is not s for b in self.model.values()) for s in self.streams))
-        @rule()
-        def destroy_stream(self):
-            s = next(s for s in self.streams if not s.is_default and all(b.stream is not s for b in self.model.values()))
+        @rule(i=st.integers(0, 7))
+        def destroy_stream(self, i):
+            idle = [s for s in self.streams if not s.is_default and all(b.stream is not s for b in self.model.values())]
+            s = idle[i % len(idle)]
             self.streams.remove(s)
-            note(f"destroy {s!r} (its pending work still completes)")
+            note(f"destroy {s!r} (its pending work still completes; the resource may hold its frees)")
             s.close()
 
         @precondition(lambda self: self.mr is not None)
-        @rule(target=blocks, nbytes=SIZES, align=st.sampled_from([1, 64, 256, 512, 4096]), si=st.integers(0, 7))
-        def allocate(self, nbytes, align, si):
-            align = min(align, self.mr.max_alignment)
-            s = self._stream(si)
-            before = self._live_bytes()
-            try:
-                ptr = self.mr.allocate(nbytes, s, align)
-            except OutOfMemoryError as exc:
-                note(f"allocate({nbytes}) on {s!r}: out of memory ({exc})")
-                assert self._live_bytes() == before
-                return multiple()
-            assert ptr % align == 0, f"{ptr:#x} is not {align}-aligned"
-            assert ptr not in self.model, f"{ptr:#x} handed out twice"
-            self.counter += 1
-            b = _Block(ptr, nbytes, align, s, self.counter % 255 + 1)
-            self.model[ptr] = b
-            note(f"allocate({nbytes}, align={align}) on {s!r} -> {ptr:#x}")
-            return b
+        @rule(target=blocks, nbytes=SIZES, align=st.sampled_from([256, 1, 64, 512, 4096]), si=st.integers(0, 7),
+              fill=st.booleans())
+        def allocate(self, nbytes, align, si, fill):
+            b = self._allocate(nbytes, min(align, self.mr.max_alignment), self._stream(si), fill)
+            return multiple() if b is None else b
+
+        @precondition(lambda self: self.mr is not None)
+        @rule(target=blocks, sizes=st.lists(SIZES, min_size=2, max_size=6), si=st.integers(0, 7))
+        def allocate_many(self, sizes, si):
+            """Several filled blocks at once on one stream: reaches limits, growth, stealing and the
+            out-of-memory paths in fewer steps."""
+            got = [self._allocate(n, 256, self._stream(si), True) for n in sizes]
+            return multiple(*[b for b in got if b is not None])
+
+        @precondition(lambda self: self.mr is not None)
+        @rule(target=blocks, si=st.integers(0, 7), ti=st.integers(0, 7), unit=st.sampled_from([2 << 20, 4 << 20, 1 << 16]))
+        def fragment(self, si, ti, unit):
+            """Fragmentation on purpose: two filled blocks on one stream, the first freed (its fill
+            still queued), then a block twice as large on another stream. It cannot reuse the hole,
+            so the resource grows, steals or (a VMM with a footprint limit) moves the hole's pages."""
+            s, t = self._stream(si), self._stream(ti)
+            a = self._allocate(unit, 256, s, True)
+            c = self._allocate(unit, 256, s, True)
+            if a is not None:
+                self._verify(a)
+                self._free(a, s)
+            big = self._allocate(2 * unit, 256, t, True)
+            return multiple(*[b for b in (c, big) if b is not None])
+
+        @precondition(lambda self: self.mr is not None and self.mr.device_accessible)
+        @rule(target=blocks, ti=st.integers(0, 7), nbytes=SIZES)
+        def orphan(self, ti, nbytes):
+            """A short-lived stream: allocates, fills, frees and is destroyed while its fill may still
+            be queued; then another stream asks for the same size (the resource must order it after
+            the dead stream's work without recording anything on its handle)."""
+            s = Stream.create(self.mr.device_id or 0, driver=self.driver)
+            note(f"create {s!r}")
+            b = self._allocate(nbytes, 256, s, True)
+            if b is not None:
+                self._free(b, s)
+            s.close()
+            note(f"destroy {s!r}")
+            got = self._allocate(nbytes, 256, self._stream(ti), True)
+            return multiple() if got is None else got
 
         @rule(b=blocks)
-        def use(self, b):
-            if b.ptr not in self.model:
-                return
-            write_pattern(self.h, b.ptr, b.nbytes, b.pattern, b.stream)
-            b.used = True
-            note(f"fill {b!r} with {b.pattern}")
+        def fill(self, b):
+            if b.ptr in self.model and self.model[b.ptr] is b:
+                self._fill(b)
+                note(f"fill {b!r} with {b.pattern}")
 
-        @rule(b=consumes(blocks), other=st.booleans(), verify=st.booleans(), si=st.integers(0, 7))
-        def free(self, b, other, verify, si):
-            if b.ptr not in self.model:
+        @rule(b=blocks)
+        def verify(self, b):
+            if b.ptr in self.model and self.model[b.ptr] is b:
+                self._verify(b)
+
+        @rule(b=consumes(blocks), how=st.sampled_from(["own", "event", "after sync", "event, new stream"]),
+              si=st.integers(0, 7))
+        def free(self, b, how, si):
+            if b.ptr not in self.model or self.model[b.ptr] is not b:
                 return
-            if b.used and verify:
-                got = read_back(self.h, b.ptr, b.nbytes, b.stream)
-                assert got == bytes([b.pattern]) * b.nbytes, (
-                    f"{b!r} was corrupted: expected {b.pattern}, found {sorted(set(got))[:4]}")
-            s = b.stream
-            t = self._stream(si)
-            if other and self.mr.device_accessible and t != s:
+            self._verify(b)
+            s, t = b.stream, self._stream(si)
+            if how == "event, new stream":  # a consumer stream that never allocated frees the block
+                how = "event"
+                if self.mr.device_accessible and len(self.streams) < max_streams + 2:
+                    t = Stream.create(self.mr.device_id or 0, driver=self.driver)
+                    self.streams.append(t)
+                    note(f"create {t!r}")
+            if how == "event" and self.mr.device_accessible and t != s:
                 ev = Event.create(self.mr.device_id or 0, driver=self.driver)
                 ev.record(s)
                 t.wait(ev)
                 ev.close()
+                note(f"{t!r} waits for {s!r} (event)")
                 s = t
-            note(f"free {b!r} on {s!r}")
-            self.mr.deallocate(b.ptr, b.nbytes, s, b.alignment)
-            del self.model[b.ptr]
+            elif how == "after sync" and self.mr.device_accessible and t != s:
+                s.synchronize()
+                note(f"host synchronised {s!r}")
+                s = t
+            self._free(b, s)
 
         @precondition(lambda self: self.mr is not None and self.mr.device_accessible)
         @rule(si=st.integers(0, 7))
@@ -167,16 +344,102 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
             s.synchronize()
             note(f"synchronize {s!r}")
 
-        @precondition(lambda self: self.mr is not None and sim)
-        @rule(steps=st.integers(1, 20))
-        def advance(self, steps):
-            ran = self.driver.run_random(max_steps=steps)
-            note(f"scheduler ran {ran} ops")
+        if driven:
+            @precondition(lambda self: self.mr is not None)
+            @rule(choices=st.lists(st.integers(0, 15), min_size=1, max_size=12))
+            def advance(self, choices):
+                ran = self.driver.run_choices(choices)
+                note(f"the device ran {ran} ops (choices {choices})")
+        elif sim:
+            @precondition(lambda self: self.mr is not None)
+            @rule(steps=st.integers(1, 20))
+            def advance(self, steps):
+                ran = self.driver.run_random(max_steps=steps)
+                note(f"scheduler ran {ran} ops")
 
         @precondition(lambda self: self.mr is not None and hasattr(self.mr, "release"))
         @rule()
         def release(self):
             note(f"release() gave back {self.mr.release()} bytes")
+
+        @precondition(lambda self: self.mr is not None and hasattr(self.mr, "trim")
+                      and getattr(self.mr, "trim", None) != getattr(self.mr, "release", None))
+        @rule()
+        def trim(self):
+            note(f"trim() gave back {self.mr.trim()} bytes")
+
+        if sim and faults:
+            @precondition(lambda self: self.mr is not None)
+            @rule(after=st.integers(0, 3), error=st.sampled_from(["CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_UNKNOWN"]))
+            def upstream_fails(self, after, error):
+                self.driver.fail_allocation(after, error)
+                note(f"the driver's allocation after the next {after} fails with {error}")
+
+        if threads:
+            @precondition(lambda self: self.mr is not None)
+            @rule(order=st.lists(st.integers(0, 1), min_size=2, max_size=12), sizes=st.lists(SIZES, min_size=2, max_size=2),
+                  si=st.integers(0, 7))
+            def two_threads(self, order, sizes, si):
+                """Two host threads, each allocating, filling and freeing on its own stream, one step
+                at a time in the order ``order`` gives (deterministic, so it shrinks and replays)."""
+                streams = [self._stream(si), self._stream(si + 1)]
+                steps = [0, 0]
+                held: list = [None, None]
+                turn = threading.Condition()
+                current = [None]
+                errors: list = []
+
+                def step(k):
+                    n = sizes[k]
+                    if steps[k] % 2 == 0:
+                        held[k] = self._allocate(n, 256, streams[k], True)
+                    elif held[k] is not None:
+                        b, held[k] = held[k], None
+                        self._verify(b)
+                        self._free(b, b.stream)
+                    steps[k] += 1
+
+                def worker(k):
+                    while True:
+                        with turn:
+                            turn.wait_for(lambda: current[0] in (k, "done"))
+                            if current[0] == "done":
+                                return
+                            try:
+                                step(k)
+                            except BaseException as exc:  # reported on the machine's thread
+                                errors.append(exc)
+                            current[0] = None
+                            turn.notify_all()
+
+                ts = [threading.Thread(target=worker, args=(k,)) for k in (0, 1)]
+                for t in ts:
+                    t.start()
+                def run_turn(k):
+                    with turn:
+                        current[0] = k
+                        turn.notify_all()
+                        turn.wait_for(lambda: current[0] is None)
+
+                self._thread_notes = []
+                try:
+                    for k in order:
+                        run_turn(k)
+                        if errors:
+                            break
+                    for k in (0, 1):  # every thread ends with its block freed
+                        if held[k] is not None and not errors:
+                            run_turn(k)
+                finally:
+                    with turn:
+                        current[0] = "done"
+                        turn.notify_all()
+                    for t in ts:
+                        t.join()
+                notes, self._thread_notes = self._thread_notes, None
+                note(f"two threads, turns {order}, on {streams}: " + "; ".join(notes))
+                if errors:
+                    raise errors[0]
 
         # -- invariants -------------------------------------------------------------------
         @invariant()
@@ -190,6 +453,11 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
                 assert b.ptr % b.alignment == 0
 
         @invariant()
+        def nothing_corrupted(self):
+            if self.mr is not None:
+                assert not self.corrupt, self.corrupt[0]
+
+        @invariant()
         def bytes_agree(self):
             if self.mr is None:
                 return
@@ -199,8 +467,12 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
                     assert r.statistics.current_bytes == want, (
                         f"statistics say {r.statistics.current_bytes} live bytes, the model {want}")
                     assert r.statistics.current_count == len(self.model)
+                    assert r.statistics.peak_bytes >= want
                 if isinstance(r, LimitingAdaptor):
                     assert r.used_bytes == want, f"limiting adaptor counts {r.used_bytes}, the model {want}"
+                    assert r.used_bytes <= r.limit, f"limiting adaptor is past its limit: {r.used_bytes} > {r.limit}"
+                if isinstance(r, TrackingAdaptor):
+                    assert r.live_bytes == want, f"tracking adaptor has {r.live_bytes} bytes outstanding, the model {want}"
             live = getattr(self.mr, "live_bytes", None)
             if live is not None:
                 assert live == want, f"{self.mr!r}.live_bytes is {live}, the model says {want}"
@@ -210,12 +482,13 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
                 return
             try:
                 for b in list(self.model.values()):
-                    self.mr.deallocate(b.ptr, b.nbytes, b.stream, b.alignment)
-                self.model.clear()
+                    self._verify(b)
+                    self._free(b, b.stream)
                 for s in self.streams:
                     s.synchronize()
                 if sim:
                     self.driver.run_all()
+                    assert not self.corrupt, self.corrupt[0]
                 live = getattr(self.mr, "live_bytes", None)
                 assert live in (None, 0), f"{live} bytes still live after every block was freed"
                 rel = getattr(self.mr, "release", None) or getattr(self.mr, "trim", None)
@@ -226,6 +499,8 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
                     free = self.driver.mem_get_info(self.mr.device_id or 0)[0]
                     assert free >= self.baseline, (
                         f"memory was not returned: {self.baseline - free} bytes fewer free than at the start")
+                if log_roundtrip and sim:
+                    self._replay_log()
             finally:
                 for s in self.streams:
                     s.close()
@@ -233,6 +508,28 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
                     set_backend(self._previous_driver)
                 else:
                     reset_backend()
+
+        def _replay_log(self):
+            """The run's log, read back and replayed against a fresh resource: same allocations and
+            frees, the same peak, everything freed."""
+            self.api.flush()
+            events = read_log(self.api._file.getvalue())
+            allocs = sum(e.action == "allocate" for e in events)
+            assert allocs == self.counter, f"the log has {allocs} allocations, the run made {self.counter}"
+            assert sum(e.action == "free" for e in events) == self.counter, "the log lost frees"
+            fresh_driver = SimDriver(policy="eager")
+            previous = set_backend(fresh_driver)
+            try:
+                fresh = factory(fresh_driver)
+                r = replay(events, fresh, driver=fresh_driver)
+                if not self.refusals:
+                    assert r.failures == 0, f"replaying the log failed {r.failures} allocations the run served"
+                    assert r.peak_live_bytes == self.peak, (
+                        f"the replay peaked at {r.peak_live_bytes} live bytes, the run at {self.peak}")
+                live = getattr(fresh, "live_bytes", None)
+                assert live in (None, 0), f"the replay left {live} bytes live"
+            finally:
+                set_backend(previous) if previous is not None else reset_backend()
 
     Machine.__name__ = Machine.__qualname__ = name
     return Machine

@@ -33,6 +33,7 @@ BUILTIN_FACTORIES = {
     "pool(cuda, bounded)": lambda drv: PoolResource(CudaMemoryResource(driver=drv), 1 << 20, 64 << 20),
     "statistics(pool(device))": lambda drv: StatisticsAdaptor(PoolResource(DeviceMemoryResource(driver=drv))),
     "limiting(cuda)": lambda drv: LimitingAdaptor(CudaMemoryResource(driver=drv), "64 MiB"),
+    "limiting(pool(cuda), 4 MiB)": lambda drv: LimitingAdaptor(PoolResource(CudaMemoryResource(driver=drv)), "4 MiB"),
     "statistics(limiting(pool(device)))": lambda drv: StatisticsAdaptor(
         LimitingAdaptor(PoolResource(DeviceMemoryResource(driver=drv)), "128 MiB")),
     "tracking(logging(pool(cuda)))": lambda drv: TrackingAdaptor(

@@ -36,7 +36,7 @@ import random
 import threading
 
 from .._base import Driver
-from ._model import HOST, SimDeviceSpec, _AddressSpace, _Device, _Event, _Handle, _Pool, _Region, _Stream
+from ._model import _ERRORS, _err, _oom, HOST, SimDeviceSpec, _AddressSpace, _Device, _Event, _Handle, _Pool, _Region, _Stream
 from ._scheduler import SchedulerMixin
 from ._checker import CheckerMixin
 from ._streams import StreamsMixin
@@ -96,8 +96,40 @@ class SimDriver(SchedulerMixin, CheckerMixin, StreamsMixin, MemoryMixin, PoolsMi
         self._ipc_exports: dict[int, int] = {}
         self._imported_ptrs: set[int] = set()
         self.checks = 0  # number of accesses checked (for tests of the checker itself)
+        self._faults: list[tuple[int, str, tuple[str, ...]]] = []  # (calls to let through, error, calls)
         for d in self._devices:
             uid = next(self._uids)
             d.legacy = _Stream(uid, 0, d.index, blocking=True, legacy=True,
                                label=f"legacy default stream of device {d.index} (id {uid})")
             self._all_streams.append(d.legacy)
+
+    # ================================================================ fault injection
+    ALLOCATION_CALLS = ("cuMemAlloc", "cuMemAllocFromPoolAsync", "cuMemCreate", "cuMemHostAlloc",
+                        "cuMemAllocManaged")
+
+    def fail_allocation(self, after: int = 0, error: str = "CUDA_ERROR_OUT_OF_MEMORY",
+                        calls: tuple[str, ...] | None = None) -> None:
+        """Make the driver allocation call after the next ``after`` ones (among ``calls``, default
+        all of :attr:`ALLOCATION_CALLS`) fail with ``error``, before it changes anything:
+        ``CUDA_ERROR_OUT_OF_MEMORY`` raises :class:`~mrkit.OutOfMemoryError`, any other name a
+        :class:`~mrkit.CUDAError`. Each call arms one failure."""
+        if error not in _ERRORS:
+            raise ValueError(f"error must be one of {sorted(_ERRORS)}, got {error!r}")
+        calls = tuple(calls or self.ALLOCATION_CALLS)
+        bad = [c for c in calls if c not in self.ALLOCATION_CALLS]
+        if bad:
+            raise ValueError(f"calls must be among {self.ALLOCATION_CALLS}, got {bad}")
+        with self._lock:
+            self._faults.append((int(after), error, calls))
+
+    def _injected(self, call: str, nbytes: int) -> None:
+        """Raise an armed failure for ``call`` (lock held by the caller)."""
+        for i, (left, error, calls) in enumerate(self._faults):
+            if call in calls:
+                if left > 0:
+                    self._faults[i] = (left - 1, error, calls)
+                    continue
+                del self._faults[i]
+                if error == "CUDA_ERROR_OUT_OF_MEMORY":
+                    raise _oom(call, nbytes, "a failure injected by SimDriver.fail_allocation")
+                raise _err(error, call, "a failure injected by SimDriver.fail_allocation")

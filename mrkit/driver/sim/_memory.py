@@ -22,6 +22,7 @@ class MemoryMixin:
             d = self._device(dev, "cuMemAlloc")
             if nbytes <= 0:
                 raise _err("CUDA_ERROR_INVALID_VALUE", "cuMemAlloc", f"bytesize {nbytes} must be > 0")
+            self._injected("cuMemAlloc", nbytes)
             self._reserve_device_bytes(d, nbytes, "cuMemAlloc")
             try:
                 r = _Region(self._new_address(nbytes, "cuMemAlloc"), nbytes, "device", dev)
@@ -52,6 +53,7 @@ class MemoryMixin:
         with self._lock:
             if nbytes <= 0:
                 raise _err("CUDA_ERROR_INVALID_VALUE", "cuMemHostAlloc", f"bytesize {nbytes} must be > 0")
+            self._injected("cuMemHostAlloc", nbytes)
             r = _Region(self._new_address(nbytes, "cuMemHostAlloc"), nbytes, "pinned", 0, host_accessible=True)
             self._add_region(r)
             return r.base
@@ -74,6 +76,7 @@ class MemoryMixin:
                 raise _err("CUDA_ERROR_NOT_SUPPORTED", "cuMemAllocManaged", f"device {dev} has no managed memory")
             if nbytes <= 0:
                 raise _err("CUDA_ERROR_INVALID_VALUE", "cuMemAllocManaged", f"bytesize {nbytes} must be > 0")
+            self._injected("cuMemAllocManaged", nbytes)
             r = _Region(self._new_address(nbytes, "cuMemAllocManaged"), nbytes, "managed", dev, host_accessible=True)
             r.attach = attach
             self._add_region(r)
@@ -175,6 +178,19 @@ class MemoryMixin:
             return run
         self._op_access(stream, [(ptr, nbytes, "write" if write else "read")], "touch", factory,
                         f"kernel {'writing' if write else 'reading'} [{ptr:#x}, +{nbytes})")
+
+    def verify_async(self, ptr, nbytes, value, stream, report) -> None:
+        """A kernel on ``stream`` that reads ``[ptr, ptr+nbytes)`` (checked by the race checker like
+        any read) and, when it runs, calls ``report(found)`` with the sorted distinct byte values if
+        any byte differs from ``value``. Nothing is synchronised: the check orders nothing."""
+        def factory(s):
+            def run():
+                data = b"".join(b.read(o, n) for b, o, n in self._exec_segments(ptr, nbytes, "verify", s.dev, False))
+                if data.count(value) != len(data):
+                    report(sorted(set(data))[:8])
+            return run
+        self._op_access(stream, [(ptr, nbytes, "read")], "kernel", factory,
+                        f"kernel verifying [{ptr:#x}, +{nbytes}) == {value}")
 
     def copy_to_host(self, ptr, nbytes, stream) -> bytes:
         out = []

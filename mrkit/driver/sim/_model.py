@@ -21,6 +21,8 @@ _ERRORS = {
     "CUDA_ERROR_INVALID_HANDLE": (400, "invalid resource handle"),
     "CUDA_ERROR_NOT_READY": (600, "device not ready"),
     "CUDA_ERROR_NOT_SUPPORTED": (801, "operation not supported"),
+    "CUDA_ERROR_UNKNOWN": (999, "unknown error"),
+    "CUDA_ERROR_ILLEGAL_ADDRESS": (700, "an illegal memory access was encountered"),
 }
 
 HOST = -1  # the host's entry in vector clocks

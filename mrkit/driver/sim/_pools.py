@@ -151,6 +151,7 @@ class PoolsMixin:
                 raise _err("CUDA_ERROR_INVALID_VALUE", call, f"bytesize {nbytes} must be > 0")
             if p.imported_from:
                 raise _err("CUDA_ERROR_NOT_SUPPORTED", call, "imported memory pools do not support new allocations")
+            self._injected(call, nbytes)
             need = -(-nbytes // _ALIGN) * _ALIGN
             prepared = self._next(s)
             clock = prepared[0]

@@ -51,6 +51,21 @@ class SchedulerMixin:
                 n += 1
         return n
 
+    def run_choices(self, choices) -> int:
+        """Run one runnable op per choice: the ``c % len(runnable)``-th of the runnable ops (in the
+        order streams were created) for each ``c`` in ``choices``; stops early when nothing can run.
+        Every scheduling decision then comes from the caller's data, so a property-based test that
+        draws ``choices`` explores interleavings and shrinks a failing one to a short list."""
+        n = 0
+        with self._lock:
+            for c in choices:
+                ready = self._runnable()
+                if not ready:
+                    break
+                self._execute(ready[c % len(ready)])
+                n += 1
+        return n
+
     def pending_ops(self) -> int:
         """Ops enqueued and not yet run, over all streams."""
         return sum(len(s.queue) for s in self._all_streams)

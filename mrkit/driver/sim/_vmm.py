@@ -37,6 +37,7 @@ class VmmMixin:
             if nbytes <= 0 or nbytes % g:
                 raise _err("CUDA_ERROR_INVALID_VALUE", "cuMemCreate",
                            f"size {nbytes} is not a positive multiple of the granularity {g}")
+            self._injected("cuMemCreate", nbytes)
             self._reserve_device_bytes(d, nbytes, "cuMemCreate")
             h = next(self._handles)
             self._vmm[h] = _Handle(h, dev, nbytes, handle_type)

@@ -1,0 +1,46 @@
+"""Run the whole kit (conformance suite and state machine) on named resources: ``run_kit`` and
+``python -m mrkit.testing``."""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..driver import Driver
+from ._machine import make_state_machine
+from ._registry import BUILTIN_FACTORIES
+
+__all__ = ["run_kit"]
+
+
+def run_kit(factories: dict[str, Callable[[Driver], object]] | list[str] | None = None, *,
+            profile: str = "ci", shrink: bool = True, backend: str | None = None) -> dict[str, str | None]:
+    """Run the conformance suite and the state machine on each factory (a dict name -> factory, or
+    names of :data:`BUILTIN_FACTORIES`; default: all of them) under the Hypothesis ``profile``.
+    Returns name -> None when the kit passed, else the first line of what it found. With
+    ``shrink=False`` a failure is reported as found, without shrinking it (for mutation runs, where
+    only detection matters)."""
+    from hypothesis import Phase, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from . import register_profiles, run_conformance
+
+    if factories is None:
+        factories = dict(BUILTIN_FACTORIES)
+    elif not isinstance(factories, dict):
+        unknown = [n for n in factories if n not in BUILTIN_FACTORIES]
+        if unknown:
+            raise ValueError(f"unknown factories {unknown} (known: {sorted(BUILTIN_FACTORIES)})")
+        factories = {n: BUILTIN_FACTORIES[n] for n in factories}
+    register_profiles()
+    base = settings.get_profile(profile)
+    phases = tuple(p for p in base.phases if shrink or p not in (Phase.shrink, Phase.explain))
+    s = settings(base, database=None, phases=phases, print_blob=shrink)
+    results: dict[str, str | None] = {}
+    for name, factory in factories.items():
+        try:
+            run_conformance(factory, backend=backend)
+            run_state_machine_as_test(make_state_machine(factory, backend=backend), settings=s)
+            results[name] = None
+        except Exception as exc:  # noqa: BLE001 - every finding is reported, whatever its type
+            first = (str(exc).strip().splitlines() or [""])[0]
+            results[name] = f"{type(exc).__name__}: {first[:300]}"
+    return results

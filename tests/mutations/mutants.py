@@ -1,0 +1,113 @@
+"""Planted bugs: each is a small edit to a copy of the package that a correct kit must catch.
+
+Each mutant names the file, the exact text it replaces (every occurrence; the text must occur), the
+replacement, and the shipped factories (``mrkit.testing.BUILTIN_FACTORIES``) the kit runs on to
+find it. ``run.py`` applies each to a copy of ``mrkit/`` and runs the kit there under the ``ci``
+profile; the kit must fail (any failure counts: an assertion, a race report, an error).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # relative to the package directory
+    old: str
+    new: str
+    targets: tuple[str, ...]
+
+
+POOLS = ("pool(cuda)", "pool(device)", "statistics(pool(device))")
+VMMS = ("vmm", "vmm(auto-release)", "vmm(moving pages, footprint_limit=1.0)")
+
+MUTANTS = [
+    # -- the engine: stream hand-over, stealing, reclaim, release ------------------------------
+    Mutant("hand-over without an event", "_engine/_arena.py",
+           "        else:\n            drv.event_record(self.event, src.handle)\n"
+           "            drv.stream_wait_event(dst.handle, self.event)",
+           "        else:\n            pass", POOLS),
+    Mutant("hand-over records the event on the wrong stream", "_engine/_arena.py",
+           "drv.event_record(self.event, src.handle)", "drv.event_record(self.event, dst.handle)", POOLS),
+    Mutant("steal without ordering the streams", "_engine/_arena.py",
+           "        self.order_after(other.stream, st.stream)\n", "        pass\n", POOLS),
+    Mutant("quiesce does not wait for the streams", "_engine/_arena.py",
+           "                self.wait_for(st.stream)\n", "                pass\n", POOLS + ("binning(cuda)",)),
+    Mutant("a collected stream's memory taken without a device synchronise", "_engine/_arena.py",
+           "            drv.ctx_synchronize(self.device_id or 0)\n            return",
+           "            return", POOLS),
+    Mutant("retiring a state drops its cached blocks", "_engine/_arena.py",
+           "        if old:\n            self._drain(old, boundaries)", "        pass", POOLS),
+    Mutant("release gives back chunks that are not wholly free", "_engine/_arena.py",
+           "            if self.chunks.get(ptr) == size:", "            if ptr in self.chunks:", POOLS),
+    Mutant("blocks coalesce across upstream chunks", "_engine/_arena.py",
+           "        dst.free = dst.free.absorb(src.free, b)", "        dst.free = dst.free.absorb(src.free, set())",
+           POOLS),
+    Mutant("a freed block goes to the default stream's cache", "_engine/_arena.py",
+           "        st = self.state(stream)  # a state in the table is never retired (rule 4)",
+           "        st = self.state(DEFAULT_STREAM)", ("pool(cuda)", "statistics(pool(device))", "binning(cuda)")),
+    # -- free lists --------------------------------------------------------------------------------
+    Mutant("coalescing with the next block overstates its size", "_engine/_freelist.py",
+           "            size += nsize\n", "            size += nsize + 256\n", POOLS + VMMS[:1]),
+    Mutant("best fit leaves an overlapping remainder", "_engine/_freelist.py",
+           "            rest, rsize = ptr + size, bsize - size",
+           "            rest, rsize = ptr + size - 256, bsize - size + 256", POOLS + VMMS[:1]),
+    Mutant("best fit may pick a block that is too small", "_engine/_freelist.py",
+           "        i = bisect_left(sizes, (size, 0))\n        if i == len(sizes):",
+           "        i = max(0, bisect_left(sizes, (size, 0)) - 1)\n        if i == len(sizes):", POOLS + VMMS[:1]),
+    # -- the hot path -------------------------------------------------------------------------------
+    Mutant("a cache hit is not recorded as live", "_engine/_hot.py",
+           "                live[ptr] = nbytes\n                return ptr",
+           "                return ptr", POOLS),
+    Mutant("a lock-free free caches under the wrong size", "_engine/_hot.py",
+           "    size = (nbytes + 255) & -256\n    st = states_get(stream.uid)\n    if st is not None:\n        cache = st.cache",
+           "    size = (nbytes + 511) & -256\n    st = states_get(stream.uid)\n    if st is not None:\n        cache = st.cache",
+           POOLS),
+    # -- the VMM -------------------------------------------------------------------------------------
+    Mutant("VMM trim unmaps without waiting for the streams", "resources/_vmm.py",
+           "        arena.quiesce(home, own=True)\n", "        pass\n", VMMS),
+    Mutant("VMM maps one page short", "resources/_vmm.py",
+           "        gaps = self._cov.gaps((ptr - base) // page, (ptr + size - 1 - base) // page + 1)",
+           "        gaps = self._cov.gaps((ptr - base) // page, (ptr + size - 1 - base) // page)", VMMS),
+    Mutant("VMM moves pages without waiting for the streams that freed them", "resources/_vmm.py",
+           "                self.arena.wait_for(st.stream)\n        for _, (first, n, h, lo, hi, block) in chosen:",
+           "                pass\n        for _, (first, n, h, lo, hi, block) in chosen:",
+           ("vmm(moving pages, footprint_limit=1.0)",)),
+    # -- adaptors -------------------------------------------------------------------------------------
+    Mutant("statistics forget frees", "adaptors/_statistics.py",
+           "            events.append(-nbytes)\n", "            pass\n",
+           ("statistics(pool(device))", "statistics(host)")),
+    Mutant("limiting adaptor never gives bytes back", "adaptors/_others.py",
+           "            with self._lock:\n                self._used -= nbytes\n\n    def _describe",
+           "            pass\n\n    def _describe", ("limiting(cuda)", "statistics(limiting(pool(device)))")),
+    Mutant("limiting adaptor lets one request past the limit", "adaptors/_others.py",
+           "            if used + nbytes > self.limit:", "            if used > self.limit:",
+           ("limiting(pool(cuda), 4 MiB)", "retry(limiting(pool(cuda)))")),
+    Mutant("tracking adaptor keeps freed allocations", "adaptors/_others.py",
+           "                raise ValueError(f\"nbytes {nbytes} does not match the allocation of {entry[0]} bytes at {ptr:#x}\")\n"
+           "            del self._live[ptr]",
+           "                raise ValueError(f\"nbytes {nbytes} does not match the allocation of {entry[0]} bytes at {ptr:#x}\")",
+           ("tracking(logging(pool(cuda)))",)),
+    Mutant("logging adaptor drops frees", "adaptors/_logging.py",
+           "        buf.append(event)\n        try:\n            self._up_free(ptr, nbytes, stream, alignment)",
+           "        try:\n            self._up_free(ptr, nbytes, stream, alignment)",
+           ("cuda", "pool(cuda)")),
+    Mutant("binning hands out a size class one step too small", "resources/_binning.py",
+           "        ptr = self._bin_alloc(max(GRAIN, 1 << (nbytes - 1).bit_length()), stream)",
+           "        ptr = self._bin_alloc(max(GRAIN, 1 << (nbytes - 1).bit_length() - 1), stream)",
+           ("binning(cuda)", "statistics(binning(device))")),
+    # -- the simulator's race checker itself -------------------------------------------------------------
+    Mutant("checker ignores reads", "driver/sim/_checker.py",
+           "        self.checks += 1\n        if n <= 0:", "        self.checks += 1\n        if n <= 0 or kind == 'read':",
+           ("cuda",)),
+    Mutant("checker ignores use after free", "driver/sim/_checker.py",
+           "                if rec.kind == \"free\" and kind not in (\"alloc\", \"free\"):",
+           "                if False:", ("cuda",)),
+    Mutant("checker ignores unordered writes", "driver/sim/_checker.py",
+           "                elif clock.get(rec.uid, 0) < rec.seq and not (rec.kind == \"read\" and kind == \"read\"):",
+           "                elif clock.get(rec.uid, 0) < rec.seq and rec.kind == \"alloc\":", ("cuda",)),
+    Mutant("event waits do not order (false races)", "driver/sim/_streams.py",
+           "            prepared = self._next(s, extra_deps=(e.op,), extra_clock=e.clock)",
+           "            prepared = self._next(s, extra_deps=(e.op,))", ("cuda",)),
+]
