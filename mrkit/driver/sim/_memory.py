@@ -185,8 +185,9 @@ class MemoryMixin:
         any byte differs from ``value``. Nothing is synchronised: the check orders nothing."""
         def factory(s):
             def run():
-                data = b"".join(b.read(o, n) for b, o, n in self._exec_segments(ptr, nbytes, "verify", s.dev, False))
-                if data.count(value) != len(data):
+                segs = self._exec_segments(ptr, nbytes, "verify", s.dev, False)
+                if not all(b.equal(o, n, value) for b, o, n in segs):
+                    data = b"".join(b.read(o, n) for b, o, n in segs)
                     report(sorted(set(data))[:8])
             return run
         self._op_access(stream, [(ptr, nbytes, "read")], "kernel", factory,

@@ -100,8 +100,29 @@ class _Backing:
                     pos += take
                     continue
                 ch = self.chunks[ci] = bytearray(_PAGE)
-            ch[co:co + take] = bytes([value]) * take
+            pattern = _PATTERNS.get(value)
+            if pattern is None:
+                pattern = _PATTERNS[value] = memoryview(bytes([value]) * _PAGE)
+            ch[co:co + take] = pattern[:take]
             pos += take
+
+    def equal(self, off: int, n: int, value: int) -> bool:
+        """Whether every byte of ``[off, off+n)`` is ``value`` (no copy)."""
+        pos = 0
+        while pos < n:
+            ci, co = divmod(off + pos, _PAGE)
+            take = min(_PAGE - co, n - pos)
+            ch = self.chunks.get(ci)
+            if ch is None:
+                if value != 0:
+                    return False
+            elif ch.count(value, co, co + take) != take:
+                return False
+            pos += take
+        return True
+
+
+_PATTERNS: dict[int, memoryview] = {}  # value -> one page of it, for fills
 
 
 # -- scheduling objects --------------------------------------------------------------------
