@@ -109,6 +109,7 @@ def test_pages_are_mapped_in_runs(max_mapping, creates, backend):
     mr.deallocate(q, MiB, DEFAULT_STREAM)
     mr.trim()
     assert mr.mapped_bytes == 0 and mr.mapped_high == 80 * MiB
+    mr.close()
 
 
 def test_release_fraction_keeps_free_mapped_memory_relative_to_live():

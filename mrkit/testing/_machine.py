@@ -105,6 +105,19 @@ def checker_canary(driver: SimDriver) -> None:
         driver.stream_destroy(b)
 
 
+def _close_stack(mr) -> None:
+    """Close what the run built (pools, VMM reservations, owned driver pools), top down, so that
+    thousands of examples do not exhaust a real GPU's memory or virtual address space. A resource
+    that refuses (still holding allocations after a failure) is left as it is."""
+    for r in walk_stack(mr):
+        close = getattr(r, "close", None)
+        if callable(close) and not isinstance(r, LoggingAdaptor):
+            try:
+                close()
+            except (ValueError, CUDAError):
+                pass
+
+
 def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: str | None = None,
                        max_streams: int = 4, sim_factory: Callable[[int], SimDriver] | None = None,
                        scheduling: str = "hypothesis", faults: bool = True, threads: bool = True,
@@ -504,6 +517,7 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
             finally:
                 for s in self.streams:
                     s.close()
+                _close_stack(self.mr)
                 if self._previous_driver is not None:
                     set_backend(self._previous_driver)
                 else:
