@@ -20,6 +20,7 @@ from .adaptors import (
 
 from ._spec import parse_spec, resource_from_spec
 from ._current import get_current_resource, set_current_resource, using
+from ._snapshot import dump_snapshot, snapshot, snapshot_from_log
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,6 @@ __all__ = [
     "PoolResource", "BinningResource",
     "Adaptor", "LimitingAdaptor", "LoggingAdaptor", "RetryAdaptor", "Statistics", "StatisticsAdaptor",
     "TrackingAdaptor", "read_log", "replay",
-    "parse_spec", "resource_from_spec",
+    "parse_spec", "resource_from_spec", "snapshot", "dump_snapshot", "snapshot_from_log",
     "__version__",
 ]

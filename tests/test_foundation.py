@@ -24,6 +24,7 @@ EXPECTED_ALL = {
     "VirtualMemoryResource", "VirtualMemoryResourceOptions",
     "LimitingAdaptor", "LoggingAdaptor", "RetryAdaptor", "Statistics", "StatisticsAdaptor",
     "TrackingAdaptor", "read_log", "replay", "parse_spec", "resource_from_spec", "__version__",
+    "snapshot", "dump_snapshot", "snapshot_from_log",
 }
 
 

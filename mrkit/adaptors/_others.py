@@ -111,6 +111,11 @@ class TrackingAdaptor(Adaptor):
         with self._lock:
             return {p: e[0] for p, e in self._live.items()}
 
+    def records(self) -> dict[int, tuple[int, str | None]]:
+        """``{ptr: (nbytes, stack text or None)}`` of allocations not yet freed."""
+        with self._lock:
+            return {p: (e[0], e[2]) for p, e in self._live.items()}
+
     def leak_report(self) -> str:
         """A readable report of outstanding allocations, largest first, with stacks if captured."""
         with self._lock:

@@ -1,0 +1,139 @@
+"""Memory snapshots in the format PyTorch's memory_viz opens (``torch.cuda.memory._snapshot()``).
+
+``snapshot(mr)`` walks ``mr``'s adaptors down to the caching resource (a pool, a VMM, binning) and
+describes its heap: one *segment* per chunk it holds (an upstream allocation, or a carved virtual
+range), split into *blocks* — live (``active_allocated``, with the stack where a
+:class:`~mrkit.TrackingAdaptor` with ``capture_stacks=True`` saw it made) and free (``inactive``).
+``device_traces`` holds one ``alloc`` event per live block (from the tracking adaptor, with frames)
+or, when a :class:`~mrkit.LoggingAdaptor` log is given, the log's whole history. ``dump_snapshot``
+pickles it; open the file at https://pytorch.org/memory_viz or with ``torch.cuda._memory_viz``.
+"""
+from __future__ import annotations
+
+import pickle
+import re
+
+from ._current import get_current_resource
+from ._resource import MemoryResource
+from .adaptors import TrackingAdaptor, read_log
+
+__all__ = ["snapshot", "dump_snapshot", "snapshot_from_log"]
+
+_FRAME = re.compile(r'\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>.+)')
+
+
+def _stack(mr):
+    seen, out = set(), []
+    while isinstance(mr, MemoryResource) and id(mr) not in seen:
+        seen.add(id(mr))
+        out.append(mr)
+        mr = getattr(mr, "upstream", None)
+    return out
+
+
+def _frames(stack_text: str | None) -> list[dict]:
+    """A captured stack (``traceback.format_stack`` text) as memory_viz frames, innermost first."""
+    if not stack_text:
+        return []
+    frames = [{"filename": m["file"], "line": int(m["line"]), "name": m["name"].strip()}
+              for m in map(_FRAME.match, stack_text.splitlines()) if m]
+    return frames[::-1]
+
+
+def snapshot(mr: MemoryResource | None = None) -> dict:
+    """The heap of ``mr`` (default: the current resource) as a memory_viz snapshot dict:
+    ``{"segments": [...], "device_traces": [[...]]}``. ``ValueError`` if no caching resource (with an
+    arena) is in the stack."""
+    mr = mr or get_current_resource()
+    layers = _stack(mr)
+    cache = next((r for r in layers if getattr(r, "arena", None) is not None), None)
+    if cache is None:
+        raise ValueError(f"{mr!r} has no pool, VMM or binning resource to take a snapshot of")
+    tracking = next((r for r in layers if isinstance(r, TrackingAdaptor)), None)
+    arena = cache.arena
+    dev = cache.device_id or 0
+    with arena.lock:
+        live = dict(arena.live)
+        aligned = {block: (size, n, ptr) for ptr, (block, size, n) in arena.aligned.items()}
+        free = []
+        for st in list(arena.states.values()):
+            handle = getattr(st.stream, "handle", 0)
+            free += [(p, s, handle) for p, s in st.free.start.items()]
+            for size, ptrs in list((st.cache or {}).items()):
+                free += [(p, size, handle) for p in list(ptrs)]
+        chunks = sorted(arena.chunks.items())
+    stacks = {}
+    if tracking is not None:
+        stacks = {p: (n, None, stack) for p, (n, stack) in tracking.records().items()}
+    blocks_of: dict[int, list] = {base: [] for base, _ in chunks}
+    bases = [b for b, _ in chunks]
+
+    def owner(p):
+        import bisect
+        i = bisect.bisect_right(bases, p) - 1
+        return bases[i] if i >= 0 and p < bases[i] + dict(chunks)[bases[i]] else None
+
+    traces = []
+    for p, n in live.items():
+        size = (n + 255) & -256
+        entry = stacks.get(p)
+        frames = _frames(entry[2]) if entry else []
+        b = owner(p)
+        if b is not None:
+            blocks_of[b].append({"address": p, "size": size, "requested_size": n, "state": "active_allocated",
+                                 "frames": frames})
+        traces.append({"action": "alloc", "addr": p, "size": size, "stream": 0, "frames": frames, "time_us": 0})
+    for block, (size, n, ptr) in aligned.items():
+        b = owner(block)
+        if b is not None:
+            blocks_of[b].append({"address": block, "size": size, "requested_size": n, "state": "active_allocated",
+                                 "frames": _frames(stacks[ptr][2]) if ptr in stacks else []})
+    for p, s, handle in free:
+        b = owner(p)
+        if b is not None:
+            blocks_of[b].append({"address": p, "size": s, "requested_size": 0, "state": "inactive", "frames": []})
+    segments = []
+    for base, size in chunks:
+        blocks = sorted(blocks_of[base], key=lambda x: x["address"])
+        allocated = sum(x["size"] for x in blocks if x["state"] == "active_allocated")
+        segments.append({
+            "device": dev, "address": base, "total_size": size, "allocated_size": allocated,
+            "active_size": allocated, "requested_size": sum(x["requested_size"] for x in blocks),
+            "stream": 0, "segment_type": "large" if size > (1 << 20) else "small", "segment_pool_id": (0, 0),
+            "is_expandable": False, "frames": [], "blocks": blocks,
+        })
+    device_traces = [[] for _ in range(dev + 1)]
+    device_traces[dev] = traces
+    return {"segments": segments, "device_traces": device_traces, "allocator_settings": {}}
+
+
+def snapshot_from_log(log, device: int = 0) -> dict:
+    """A memory_viz snapshot whose trace is an allocation log's history (mrkit's or RMM's CSV):
+    ``alloc``/``free_requested``/``free_completed`` per event, ``oom`` for failures; no segments."""
+    events = read_log(log) if not isinstance(log, list) else log
+    t0 = events[0].time if events else 0.0
+    trace = []
+    for e in events:
+        t = int((e.time - t0) * 1e6)
+        if e.action == "allocate":
+            trace.append({"action": "alloc", "addr": e.pointer, "size": e.size, "stream": e.stream,
+                          "frames": [], "time_us": t})
+        elif e.action == "free":
+            for action in ("free_requested", "free_completed"):
+                trace.append({"action": action, "addr": e.pointer, "size": e.size, "stream": e.stream,
+                              "frames": [], "time_us": t})
+        else:
+            trace.append({"action": "oom", "addr": 0, "size": e.size, "stream": e.stream, "frames": [],
+                          "time_us": t, "device_free": 0})
+    traces = [[] for _ in range(device + 1)]
+    traces[device] = trace
+    return {"segments": [], "device_traces": traces, "allocator_settings": {}}
+
+
+def dump_snapshot(path, mr: MemoryResource | None = None) -> dict:
+    """Write :func:`snapshot` of ``mr`` (default: the current resource) to ``path`` as a pickle that
+    PyTorch's memory_viz opens; returns the snapshot."""
+    snap = snapshot(mr)
+    with open(path, "wb") as f:
+        pickle.dump(snap, f)
+    return snap
