@@ -1,4 +1,4 @@
-"""The ``mrkit`` command: ``mrkit info``, ``mrkit demo`` and ``mrkit replay``."""
+"""The ``mrkit`` command: ``mrkit info``, ``demo``, ``replay`` and ``snapshot``."""
 from __future__ import annotations
 
 import argparse
@@ -287,6 +287,21 @@ def cmd_replay(args, out=None) -> int:
     return 0
 
 
+def cmd_snapshot(args, out=None) -> int:
+    """Turn an allocation log into a memory_viz snapshot (its history as the trace)."""
+    import pickle
+
+    from ._snapshot import snapshot_from_log
+
+    out = out or sys.stdout
+    snap = snapshot_from_log(args.log)
+    with open(args.output, "wb") as f:
+        pickle.dump(snap, f)
+    n = len(snap["device_traces"][0])
+    print(f"{args.output}: {n} trace events from {args.log}; open it at https://pytorch.org/memory_viz", file=out)
+    return 0
+
+
 def _positive_int(text: str) -> int:
     try:
         n = int(text)
@@ -318,6 +333,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="a resource spec, e.g. 'pool(device)'; repeat to compare (default: device, pool(device))")
     rep.add_argument("--backend", choices=["cuda", "sim"], default=None,
                      help="force a backend (default: the GPU if there is one, else the simulator)")
+    snap = sub.add_parser("snapshot", help="turn an allocation log into a PyTorch memory_viz snapshot")
+    snap.add_argument("log", help="the CSV log (mrkit's or RMM's)")
+    snap.add_argument("-o", "--output", required=True, help="the pickle to write (e.g. snap.pickle)")
     return parser
 
 
@@ -329,7 +347,8 @@ def main(argv=None) -> int:
     if args.command == "replay" and not args.resource:
         args.resource = ["device", "pool(device)"]
     try:
-        return {"info": cmd_info, "demo": cmd_demo, "replay": cmd_replay}[args.command](args)
+        return {"info": cmd_info, "demo": cmd_demo, "replay": cmd_replay,
+                "snapshot": cmd_snapshot}[args.command](args)
     except BrokenPipeError:  # `mrkit info | head`: the reader left; that is not an error
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -365,3 +365,25 @@ def test_fuzzed_logs_read_or_raise_value_error(data):
         replay(events, HostMemoryResource())
     except ValueError as exc:
         assert "log event" in str(exc)
+
+
+def test_cli_info_json_says_which_backend_and_why(capsys):
+    import json
+    from mrkit._cli import main
+    assert main(["info", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["backend"] in ("sim", "cuda") and data["reason"]
+    assert data["devices"] and data["devices"][0]["total_bytes"] > 0
+    if data["backend"] == "sim":
+        assert "no NVIDIA driver" in data["reason"] or "MRKIT_BACKEND=sim" in data["reason"]
+
+
+def test_cli_snapshot_of_a_log(tmp_path, capsys):
+    import pickle
+    from mrkit._cli import main
+    log = tmp_path / "l.csv"
+    log.write_text(_HDR + "1,0.1,allocate,0x1000,64,0x0\n1,0.2,free,0x1000,64,0x0\n")
+    assert main(["snapshot", str(log), "-o", str(tmp_path / "s.pickle")]) == 0
+    snap = pickle.loads((tmp_path / "s.pickle").read_bytes())
+    assert [e["action"] for e in snap["device_traces"][0]] == ["alloc", "free_requested", "free_completed"]
+    assert "3 trace events" in capsys.readouterr().out
