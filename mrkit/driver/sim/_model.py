@@ -65,60 +65,49 @@ class _Backing:
         self.size = size
         self.chunks: dict[int, bytearray] = {}
 
-    def read(self, off: int, n: int) -> bytes:
-        out = bytearray(n)
+    @staticmethod
+    def _pieces(off: int, n: int):
+        """``(pos, chunk index, offset in chunk, length)`` for each chunk ``[off, off+n)`` touches."""
         pos = 0
         while pos < n:
             ci, co = divmod(off + pos, _PAGE)
             take = min(_PAGE - co, n - pos)
+            yield pos, ci, co, take
+            pos += take
+
+    def read(self, off: int, n: int) -> bytes:
+        out = bytearray(n)
+        for pos, ci, co, take in self._pieces(off, n):
             ch = self.chunks.get(ci)
             if ch is not None:
                 out[pos:pos + take] = ch[co:co + take]
-            pos += take
         return bytes(out)
 
     def write(self, off: int, data: bytes) -> None:
-        n = len(data)
-        pos = 0
-        while pos < n:
-            ci, co = divmod(off + pos, _PAGE)
-            take = min(_PAGE - co, n - pos)
+        for pos, ci, co, take in self._pieces(off, len(data)):
             ch = self.chunks.get(ci)
             if ch is None:
                 ch = self.chunks[ci] = bytearray(_PAGE)
             ch[co:co + take] = data[pos:pos + take]
-            pos += take
 
     def fill(self, off: int, n: int, value: int) -> None:
-        pos = 0
-        while pos < n:
-            ci, co = divmod(off + pos, _PAGE)
-            take = min(_PAGE - co, n - pos)
+        pattern = _PATTERNS.get(value)
+        if pattern is None:
+            pattern = _PATTERNS[value] = memoryview(bytes([value]) * _PAGE)
+        for _, ci, co, take in self._pieces(off, n):
             ch = self.chunks.get(ci)
             if ch is None:
                 if value == 0:
-                    pos += take
                     continue
                 ch = self.chunks[ci] = bytearray(_PAGE)
-            pattern = _PATTERNS.get(value)
-            if pattern is None:
-                pattern = _PATTERNS[value] = memoryview(bytes([value]) * _PAGE)
             ch[co:co + take] = pattern[:take]
-            pos += take
 
     def equal(self, off: int, n: int, value: int) -> bool:
         """Whether every byte of ``[off, off+n)`` is ``value`` (no copy)."""
-        pos = 0
-        while pos < n:
-            ci, co = divmod(off + pos, _PAGE)
-            take = min(_PAGE - co, n - pos)
+        for _, ci, co, take in self._pieces(off, n):
             ch = self.chunks.get(ci)
-            if ch is None:
-                if value != 0:
-                    return False
-            elif ch.count(value, co, co + take) != take:
+            if (value != 0) if ch is None else ch.count(value, co, co + take) != take:
                 return False
-            pos += take
         return True
 
 
