@@ -413,8 +413,9 @@ class CudaDriver(Driver):
 
     def copy_to_host(self, ptr, nbytes, stream) -> bytes:
         buf = ctypes.create_string_buffer(nbytes)
-        dev = self._ptr_dev(ptr)
-        prev = self._enter(dev) if stream in (0, 1, 2) else None  # the default stream of ptr's device
+        # in ptr's device context, whatever the stream: a thread with no context gets
+        # CUDA_ERROR_INVALID_VALUE from a copy into pageable host memory (seen on the H200)
+        prev = self._enter(self._ptr_dev(ptr))
         try:
             self._check(self.d.cuMemcpyDtoHAsync(ctypes.addressof(buf), ptr, nbytes, stream), "cuMemcpyDtoHAsync")
             self.stream_synchronize(stream)
@@ -424,7 +425,7 @@ class CudaDriver(Driver):
 
     def copy_from_host(self, ptr, data, stream) -> None:
         buf = ctypes.create_string_buffer(bytes(data), len(data))
-        prev = self._enter(self._ptr_dev(ptr)) if stream in (0, 1, 2) else None
+        prev = self._enter(self._ptr_dev(ptr))  # as in copy_to_host
         try:
             self._check(self.d.cuMemcpyHtoDAsync(ptr, ctypes.addressof(buf), len(data), stream), "cuMemcpyHtoDAsync")
             self.stream_synchronize(stream)  # the staging buffer must outlive the copy
