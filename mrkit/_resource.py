@@ -9,6 +9,12 @@ from .driver import get_driver
 __all__ = ["MemoryResource", "Buffer", "check_request"]
 
 
+# The fast paths test ``alignment is not DEFAULT_ALIGNMENT``: an identity test, as cheap as ``!= 256``,
+# that also sends ``256.0`` (equal, but not an int) to the checked path. CPython keeps one object for
+# the int 256, so every int 256 passes; anything else takes the checked path, which is always right.
+DEFAULT_ALIGNMENT = 256
+
+
 def check_request(nbytes, alignment, max_alignment: int) -> int:
     """Validate an allocation request and return ``nbytes`` as an int.
 
@@ -28,6 +34,20 @@ def check_request(nbytes, alignment, max_alignment: int) -> int:
     if alignment > max_alignment:
         raise ValueError(f"alignment {alignment} is larger than this resource supports ({max_alignment})")
     return nbytes
+
+
+class UpstreamAccess:
+    """Mixin of adaptors and caching resources: memory is accessible where the upstream's is."""
+
+    __slots__ = ()
+
+    @property
+    def device_accessible(self) -> bool:
+        return self.upstream.device_accessible
+
+    @property
+    def host_accessible(self) -> bool:
+        return self.upstream.host_accessible
 
 
 class MemoryResource:

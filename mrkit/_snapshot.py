@@ -10,6 +10,7 @@ pickles it; open the file at https://pytorch.org/memory_viz or with ``torch.cuda
 """
 from __future__ import annotations
 
+import bisect
 import pickle
 import re
 
@@ -67,11 +68,11 @@ def snapshot(mr: MemoryResource | None = None) -> dict:
         stacks = {p: (n, None, stack) for p, (n, stack) in tracking.records().items()}
     blocks_of: dict[int, list] = {base: [] for base, _ in chunks}
     bases = [b for b, _ in chunks]
+    ends = [b + n for b, n in chunks]
 
     def owner(p):
-        import bisect
         i = bisect.bisect_right(bases, p) - 1
-        return bases[i] if i >= 0 and p < bases[i] + dict(chunks)[bases[i]] else None
+        return bases[i] if i >= 0 and p < ends[i] else None
 
     traces = []
     for p, n in live.items():

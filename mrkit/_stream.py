@@ -12,6 +12,7 @@ looked up with one driver call each time (pass a :class:`Stream` to avoid it).
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 from .driver import Driver, get_driver
@@ -244,6 +245,16 @@ def stream_handle(obj) -> int:
     if isinstance(obj, int) and not isinstance(obj, bool):
         return obj
     return _foreign_handle(obj)
+
+
+def device_scope(driver: Driver, device: int, *streams: "Stream"):
+    """``driver.on_device(device)`` when any of ``streams`` is a default stream (whose meaning is
+    "the current context's"), else a no-op context: a default stream given to a resource of
+    ``device`` is that device's default stream, whichever device the caller has current."""
+    for s in streams:
+        if s.uid < 0:
+            return driver.on_device(device)
+    return contextlib.nullcontext()
 
 
 def order_after(driver: Driver, device: int, waiter: int, signaller: int) -> None:

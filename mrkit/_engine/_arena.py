@@ -11,7 +11,7 @@ import weakref
 from .._errors import CUDAError, OutOfMemoryError
 from .._resource import check_request
 from .._sizes import format_size
-from .._stream import DEFAULT_STREAM, Stream, as_stream, check_stream
+from .._stream import DEFAULT_STREAM, Stream, as_stream, check_stream, device_scope
 from ..driver import Driver, get_driver
 from ._freelist import FreeList, drain
 from ._hot import plain_paths
@@ -195,20 +195,13 @@ class Arena:
             return
         if self.event is None:
             self.event = drv.event_create(self.device_id or 0)
-        if src.uid < 0 or dst.uid < 0:  # a default stream means this device's, whatever is current
-            with drv.on_device(self.device_id or 0):
-                drv.event_record(self.event, src.handle)
-                drv.stream_wait_event(dst.handle, self.event)
-        else:
+        with device_scope(drv, self.device_id or 0, src, dst):
             drv.event_record(self.event, src.handle)
             drv.stream_wait_event(dst.handle, self.event)
 
     def wait_for(self, stream: Stream) -> None:
         """Synchronise ``stream`` (one mrkit knows to be alive)."""
-        if stream.uid < 0:
-            with self.driver.on_device(self.device_id or 0):  # this device's default stream
-                self.driver.stream_synchronize(stream.handle)
-        else:
+        with device_scope(self.driver, self.device_id or 0, stream):
             self.driver.stream_synchronize(stream.handle)
 
     # -- the locked allocation path ---------------------------------------------------------------

@@ -27,16 +27,10 @@ from __future__ import annotations
 import builtins
 import types
 
-from .._resource import check_request
+from .._resource import DEFAULT_ALIGNMENT, check_request
 from .._stream import Stream
 
 __all__ = ["plain_paths", "counting_paths", "hook_paths"]
-
-
-# The fast paths test ``alignment is not DEFAULT_ALIGNMENT``: an identity test, as cheap as ``!= 256``,
-# that also sends ``256.0`` (equal, but not an int) to the checked path. CPython keeps one object for
-# the int 256, so every int 256 passes; anything else takes the checked path, which is always right.
-DEFAULT_ALIGNMENT = 256
 
 
 def _checked_free_args(nbytes, alignment):

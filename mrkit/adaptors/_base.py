@@ -1,12 +1,12 @@
 """``Adaptor``: a resource that wraps an upstream resource and forwards what it does not change."""
 from __future__ import annotations
 
-from .._resource import MemoryResource
+from .._resource import MemoryResource, UpstreamAccess
 
 __all__ = ["Adaptor"]
 
 
-class Adaptor(MemoryResource):
+class Adaptor(UpstreamAccess, MemoryResource):
     """Base of every adaptor. Keeps a strong reference to ``upstream``; forwards
     ``device_accessible``, ``host_accessible``, ``device_id``, ``max_alignment`` and ``driver``.
     Equality is identity: two adaptors never share their bookkeeping."""
@@ -19,14 +19,6 @@ class Adaptor(MemoryResource):
         self.upstream = upstream
         self._up_alloc = upstream.allocate  # hoisted: one attribute look-up saved per call
         self._up_free = upstream.deallocate
-
-    @property
-    def device_accessible(self) -> bool:
-        return self.upstream.device_accessible
-
-    @property
-    def host_accessible(self) -> bool:
-        return self.upstream.host_accessible
 
     @property
     def device_id(self):

@@ -4,12 +4,11 @@ from __future__ import annotations
 import threading
 
 from .._engine import GRAIN, Arena, CachingResource
-from .._resource import MemoryResource, check_request
+from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_request
 from .._sizes import parse_size
 from ..driver import Driver
 from ._pool import UpstreamCachingResource, UpstreamChunks
 
-DEFAULT_ALIGNMENT = 256  # identity-tested on the fast path (see mrkit._engine._hot)
 __all__ = ["BinningResource"]
 
 

@@ -1,10 +1,10 @@
 """Shared bookkeeping of the driver-backed resources: which pointers they handed out."""
 from __future__ import annotations
 
+from .._engine import GRAIN
 from .._resource import check_request
 
 __all__ = ["LiveTable"]
-GRAIN = 256
 
 
 class LiveTable:

@@ -4,13 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._errors import CUDAError, OutOfMemoryError
-from .._resource import MemoryResource, check_request
+from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_request
 from .._sizes import format_size, parse_size
-from .._stream import Stream, as_stream
+from .._stream import Stream, as_stream, device_scope
 from ..driver import POOL_ATTRIBUTES, Driver, get_driver
 from ._common import LiveTable
 
-DEFAULT_ALIGNMENT = 256  # identity-tested on the fast path (see mrkit._engine._hot)
 __all__ = ["DeviceMemoryResource", "DeviceMemoryResourceOptions", "MemoryPool"]
 
 _U64_MAX = (1 << 64) - 1
@@ -237,8 +236,8 @@ class DeviceMemoryResource(MemoryResource):
         if type(stream) is not Stream:
             stream = as_stream(stream, self.driver)
         try:
-            if stream.uid < 0:  # a default stream is this device's, whichever device is current
-                with self.driver.on_device(self.device_id):
+            if stream.uid < 0:  # a default stream is this device's (explicit streams skip the guard)
+                with device_scope(self.driver, self.device_id, stream):
                     ptr = self._alloc(nbytes, self._h, stream.handle)
             else:
                 ptr = self._alloc(nbytes, self._h, stream.handle)
@@ -265,7 +264,7 @@ class DeviceMemoryResource(MemoryResource):
             del live[ptr]
         try:
             if stream.uid < 0:
-                with self.driver.on_device(self.device_id):
+                with device_scope(self.driver, self.device_id, stream):
                     self._free(ptr, stream.handle)
             else:
                 self._free(ptr, stream.handle)

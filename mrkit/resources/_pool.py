@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .._engine import GRAIN, Arena, CachingResource, ChunkSource
 from .._errors import OutOfMemoryError
-from .._resource import MemoryResource
+from .._resource import MemoryResource, UpstreamAccess
 from .._sizes import format_size, parse_size
 from .._stream import DEFAULT_STREAM, Stream
 from ..driver import Driver
@@ -43,7 +43,7 @@ class UpstreamChunks(ChunkSource):
         self.upstream.deallocate(ptr, size, stream)
 
 
-class UpstreamCachingResource(CachingResource):
+class UpstreamCachingResource(UpstreamAccess, CachingResource):
     """A caching resource whose chunks come from an ``upstream`` resource (pool, binning): validates
     the upstream, takes its driver and device, and answers the accessibility properties from it."""
 
@@ -55,14 +55,6 @@ class UpstreamCachingResource(CachingResource):
         self.upstream = upstream
         self.driver = driver or getattr(upstream, "driver", None)
         self.device_id = upstream.device_id
-
-    @property
-    def device_accessible(self) -> bool:
-        return self.upstream.device_accessible
-
-    @property
-    def host_accessible(self) -> bool:
-        return self.upstream.host_accessible
 
 
 class PoolResource(UpstreamCachingResource):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .._errors import OutOfMemoryError
 from .._sizes import format_size, parse_size
 from .._engine import Arena, CachingResource, ChunkSource, FreeList
-from .._stream import DEFAULT_STREAM, Stream
+from .._stream import DEFAULT_STREAM, Stream, device_scope
 from ..driver import VMM_HANDLE_TYPES, Driver, get_driver
 
 __all__ = ["VirtualMemoryResource", "VirtualMemoryResourceOptions"]
@@ -434,10 +434,7 @@ class _VirtualChunks(ChunkSource):
                 if end > cursor:
                     st.free.add(cursor, end - cursor)
             ev = drv.event_create(self.device_id)
-            if st.stream.uid < 0:
-                with drv.on_device(self.device_id):  # this device's default stream
-                    drv.event_record(ev, st.stream.handle)
-            else:
+            with device_scope(drv, self.device_id, st.stream):
                 drv.event_record(ev, st.stream.handle)
             self._pending.append((ev, st.stream, [r[:5] for r in runs]))
             self._pending_bytes += sum(r[4] - r[3] for r in runs)
