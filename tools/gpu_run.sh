@@ -14,9 +14,19 @@ PYTHONPATH=$PWD HYPOTHESIS_PROFILE=dev MRKIT_THREAD_OPS=2000 timeout ${TEST_BUDG
   -p no:cacheprovider --timeout=120 -rxs --ignore=tests/test_mutations.py --deselect tests/test_threads.py::test_eight_threads_with_release_every_millisecond_on_the_gpu \
   ${TESTS:-tests/} > "$OUT/pytest.txt" 2>&1
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -20; tail -1 "$OUT/pytest.txt"
-PYTHONPATH=$PWD HYPOTHESIS_PROFILE=gpu timeout ${KIT_BUDGET:-200} python3 -X faulthandler -m pytest -q -p no:cacheprovider \
-  -k "state_machine and not rejects" tests/test_kit.py > "$OUT/kit_gpu.txt" 2>&1
-grep -E "^(FAILED|ERROR)" "$OUT/kit_gpu.txt" | head; tail -1 "$OUT/kit_gpu.txt"
+# The kit under `gpu`, its state machines split over KIT_SHARDS processes (the machine has 16 cores).
+PYTHONPATH=$PWD python3 -m pytest -q -p no:cacheprovider --collect-only -k "state_machine and not rejects" tests/test_kit.py \
+  | grep '::' > "$OUT/kit_ids.txt"
+SHARDS=${KIT_SHARDS:-8}
+for i in $(seq 0 $((SHARDS - 1))); do
+  ids=$(awk -v n="$SHARDS" -v i="$i" 'NR % n == i' "$OUT/kit_ids.txt")
+  [ -z "$ids" ] && continue
+  (PYTHONPATH=$PWD HYPOTHESIS_PROFILE=gpu timeout ${KIT_BUDGET:-200} python3 -X faulthandler -m pytest -q -p no:cacheprovider \
+    $ids > "$OUT/kit_gpu_$i.txt" 2>&1) &
+done
+wait
+cat "$OUT"/kit_gpu_*.txt > "$OUT/kit_gpu.txt"; rm -f "$OUT"/kit_gpu_*.txt
+grep -E "^(FAILED|ERROR)" "$OUT/kit_gpu.txt" | head; grep -E "passed|failed|error" "$OUT/kit_gpu.txt" | grep " in " 
 if [ "${ROUNDS:-0}" -gt 0 ] && [ -d "$BASE" ]; then
   for round in $(seq 1 "$ROUNDS"); do
     PYTHONPATH=$PWD timeout ${BENCH_BUDGET:-60} python3 benchmarks/bench_pool.py --quick --rounds 2 --json "$OUT/bench_new_$round.json" > "$OUT/bench_new_$round.txt" 2>&1
