@@ -19,7 +19,8 @@ from .adaptors import (
 )
 
 from ._spec import parse_spec, resource_from_spec
-from ._current import get_current_resource, set_current_resource, using
+from ._current import get_current_resource, set_current_resource, set_resource_factory, using
+from ._setup import reinitialize
 from ._snapshot import dump_snapshot, snapshot, snapshot_from_log
 
 __version__ = "0.1.0"
@@ -32,6 +33,7 @@ _env_spec()  # a bad MRKIT_RESOURCE fails at import, naming the variable and the
 __all__ = [
     "MrkitError", "CUDAError", "CUDAUnavailableError", "OutOfMemoryError", "StreamOrderViolation",
     "MemoryResource", "Buffer", "get_current_resource", "set_current_resource", "using",
+    "set_resource_factory", "reinitialize",
     "parse_size", "format_size",
     "Stream", "Event", "DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM", "as_stream",
     "get_driver", "set_backend", "use_backend",

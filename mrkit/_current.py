@@ -13,11 +13,28 @@ from ._spec import SpecError, build_resource, parse_spec, spec_devices
 from .driver import get_driver
 from .resources import CudaMemoryResource, DeviceMemoryResource
 
-__all__ = ["get_current_resource", "set_current_resource", "using"]
+__all__ = ["get_current_resource", "set_current_resource", "using", "set_resource_factory"]
 
 # -- per-device current resource ---------------------------------------------------------------
 _current: dict[int, MemoryResource] = {}
-_current_lock = threading.Lock()
+_current_lock = threading.RLock()  # a factory may itself ask for another device's resource
+_factory = None  # callable(device) -> MemoryResource for devices with no resource set
+_listeners: list = []  # callables(device) told when a device's current resource changes
+
+
+def _changed(dev: int) -> None:
+    for fn in list(_listeners):
+        if fn(dev) is False:  # a listener whose owner is gone
+            try:
+                _listeners.remove(fn)
+            except ValueError:  # pragma: no cover - removed by another thread meanwhile
+                pass
+
+
+def on_change(fn) -> None:
+    """Call ``fn(device)`` whenever the current resource of ``device`` is replaced (allocators that
+    follow the current resource drop what they bound to the old one; its live blocks still go home)."""
+    _listeners.append(fn)
 
 
 def _device_of(device) -> int:
@@ -42,6 +59,12 @@ def env_spec():
 
 def _default_resource(device: int) -> MemoryResource:
     drv = get_driver()
+    if _factory is not None:
+        mr = _factory(device)
+        if not isinstance(mr, MemoryResource):
+            raise TypeError(f"the resource factory returned {type(mr).__name__} for device {device}, "
+                            "not a MemoryResource")
+        return mr
     node = env_spec()
     # MRKIT_RESOURCE applies to every device unless it names devices explicitly (then to those only);
     # each device gets its own resources and its own log file.
@@ -76,7 +99,20 @@ def set_current_resource(mr: MemoryResource, device: int | None = None) -> Memor
     with _current_lock:
         old = _current.get(dev)
         _current[dev] = mr
+    if old is not mr:
+        _changed(dev)
     return old
+
+
+def set_resource_factory(factory) -> None:
+    """Build each device's current resource lazily, on first use, with ``factory(device)`` (``None``:
+    back to ``MRKIT_RESOURCE`` or the driver's pool). Resources already current stay until replaced:
+    :func:`mrkit.reinitialize` replaces them."""
+    global _factory
+    if factory is not None and not callable(factory):
+        raise TypeError(f"factory must be a callable(device) -> MemoryResource, not {type(factory).__name__}")
+    with _current_lock:
+        _factory = factory
 
 
 @contextmanager
@@ -92,8 +128,28 @@ def using(mr: MemoryResource, device: int | None = None):
                 _current.pop(dev, None)
             else:
                 _current[dev] = old
+        _changed(dev)
+
+
+def rebuild_all(factory) -> None:
+    """Drop every device's current resource and build each again on first use with
+    ``factory(device)`` (``None``: the defaults)."""
+    if factory is not None and not callable(factory):
+        raise TypeError(f"factory must be a callable(device) -> MemoryResource, not {type(factory).__name__}")
+    global _factory
+    with _current_lock:
+        devices = list(_current)
+        _current.clear()
+        _factory = factory
+    for dev in devices:
+        _changed(dev)
 
 
 def _reset_current_resources() -> None:
+    global _factory
     with _current_lock:
+        devices = list(_current)
         _current.clear()
+        _factory = None
+    for dev in devices:
+        _changed(dev)

@@ -2,10 +2,10 @@
 
 
 def __getattr__(name):
-    if name in ("MrkitNumbaManager", "_numba_memory_manager"):
+    if name in ("MrkitNumbaManager", "_numba_memory_manager", "install"):
         from .integrations import numba as _impl
         return getattr(_impl, name)
     raise AttributeError(name)
 
 
-__all__ = ["MrkitNumbaManager"]
+__all__ = ["MrkitNumbaManager", "install"]

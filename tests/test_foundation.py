@@ -16,7 +16,7 @@ from mrkit.driver import CudaDriver, SimDriver
 
 EXPECTED_ALL = {
     "MrkitError", "CUDAError", "CUDAUnavailableError", "OutOfMemoryError", "StreamOrderViolation",
-    "MemoryResource", "Buffer", "get_current_resource", "set_current_resource", "using",
+    "MemoryResource", "Buffer", "get_current_resource", "set_current_resource", "using", "set_resource_factory", "reinitialize",
     "parse_size", "format_size", "Stream", "Event", "DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM",
     "as_stream", "get_driver", "set_backend", "use_backend", "CudaMemoryResource",
     "DeviceMemoryResource", "DeviceMemoryResourceOptions", "HostMemoryResource",

@@ -92,51 +92,13 @@ def test_dlpack_device_and_consumer_stream_on_device_memory(sim):
     del cap
 
 
-def _fake_cupy(calls):
-    """A stand-in for CuPy's allocator API, with CuPy's semantics: PythonFunctionAllocator's memory
-    calls ``malloc_func(size, device_id)`` and, when dropped, ``free_func(ptr, device_id)``."""
-    cupy = types.ModuleType("cupy")
-    cuda = types.SimpleNamespace()
-
-    class FakeStream:
-        def __init__(self, ptr):
-            self.ptr = ptr
-
-        def __cuda_stream__(self):
-            return (0, self.ptr)
-
-    current = {"s": FakeStream(0), "device": 0}
-
-    class FunctionMemory:
-        def __init__(self, size, malloc_func, free_func, device_id):
-            self.size, self.device_id, self._free, self.ptr = size, device_id, free_func, 0
-            self.ptr = malloc_func(size, device_id) if size > 0 else 0
-
-        def __del__(self):
-            if self.ptr:
-                self._free(self.ptr, self.device_id)
-
-    class PythonFunctionAllocator:
-        def __init__(self, malloc_func, free_func):
-            self._m, self._f = malloc_func, free_func
-
-        def malloc(self, size):
-            return cuda.MemoryPointer(FunctionMemory(size, self._m, self._f, current["device"]), 0)
-
-    def get_current_stream(device_id=-1):  # CuPy's: the current stream of a device (default: current)
-        return current["s"] if device_id in (-1, current["device"]) else FakeStream(0)
-
-    cuda.get_current_stream = get_current_stream
-    cuda.MemoryPointer = lambda mem, offset: types.SimpleNamespace(mem=mem, ptr=mem.ptr + offset)
-    cuda.PinnedMemoryPointer = lambda mem, offset: types.SimpleNamespace(mem=mem, ptr=mem.ptr + offset)
-    cuda.PythonFunctionAllocator = PythonFunctionAllocator
-    cuda.set_allocator = lambda fn: calls.append(("set_allocator", fn))
-    cuda.get_allocator = lambda: next(fn for what, fn in reversed(calls) if what == "set_allocator")
-    cuda.set_pinned_memory_allocator = lambda fn: calls.append(("set_pinned", fn))
-    cupy.cuda = cuda
-    cupy._current = current
-    cupy._Stream = FakeStream
-    return cupy
+def _fake_cupy(monkeypatch):
+    import fake_cupy
+    fake = fake_cupy.make()
+    for name, mod in (("cupy", fake), ("cupy.cuda", fake.cuda), ("cupy.cuda.memory", fake.cuda.memory),
+                      ("cupy.cuda.device", fake.cuda.device)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    return fake
 
 
 class _Recording(Adaptor):
@@ -157,9 +119,8 @@ class _Recording(Adaptor):
 
 
 def test_cupy_hooks_are_wired(sim, monkeypatch):
-    calls = []
-    fake = _fake_cupy(calls)
-    monkeypatch.setitem(sys.modules, "cupy", fake)
+    fake = _fake_cupy(monkeypatch)
+    calls = fake.state["calls"]
     import mrkit.cupy as mcupy
 
     mr = _Recording(StatisticsAdaptor(PoolResource(mrkit.DeviceMemoryResource())))
@@ -167,22 +128,23 @@ def test_cupy_hooks_are_wired(sim, monkeypatch):
     assert calls == [("set_allocator", fn)] and mcupy.resource_of(fn) is mr and mcupy.resource_of() is mr
     assert mcupy.resource_of(print) is None
     mp = fn(1000)
-    assert mp.mem.device_id == 0 and mp.mem.size == 1000 and mr.statistics.current_bytes == 1000
-    assert mr.events[-1] == ("allocate", mp.ptr, 1000, DEFAULT_STREAM.uid)  # CuPy's null stream
+    assert mp.mem.device_id == 0 and mp.mem.size == 1024 and mr.statistics.current_bytes == 1024
+    assert mr.events[-1] == ("allocate", mp.ptr, 1024, DEFAULT_STREAM.uid)  # CuPy's null stream
     s = Stream.create()
-    fake._current["s"] = fake._Stream(s.handle)
+    fake.state["streams"][0] = fake.Stream(s.handle)
     mp2 = fn(64)
     mp3 = fn(64)  # the remembered CuPy stream gives the same mrkit stream
-    assert mr.events[-2:] == [("allocate", mp2.ptr, 64, s.uid), ("allocate", mp3.ptr, 64, s.uid)]
-    fake._current["s"] = fake._Stream(0)  # CuPy frees with no stream: each block on its own stream
+    assert mr.events[-2:] == [("allocate", mp2.ptr, 512, s.uid), ("allocate", mp3.ptr, 512, s.uid)]
+    fake.state["streams"].clear()  # CuPy frees with no stream: each block on its own stream
     p1, p2 = mp.ptr, mp2.ptr
     del mp, mp2
-    assert set(mr.events[-2:]) == {("free", p1, 1000, DEFAULT_STREAM.uid), ("free", p2, 64, s.uid)}
+    assert set(mr.events[-2:]) == {("free", p1, 1024, DEFAULT_STREAM.uid), ("free", p2, 512, s.uid)}
     del mp3
     assert mr.statistics.current_bytes == 0
-    fake._current["device"] = 1  # a device other than the resource's is refused before anything is taken
+    fake.state["device"] = 1  # a device other than the resource's is refused before anything is taken
     with pytest.raises(ValueError, match="current device is 1"):
         fn(64)
+    fake.state["device"] = 0
     assert mr.statistics.current_bytes == 0
     pinned = mcupy.install_pinned()
     block = pinned(128)
@@ -192,35 +154,38 @@ def test_cupy_hooks_are_wired(sim, monkeypatch):
         mcupy.pinned_allocator(mrkit.DeviceMemoryResource())
     with pytest.raises(ValueError, match="not device-accessible"):
         mcupy.allocator(HostMemoryResource())
+    with pytest.raises(TypeError, match="mr must be"):
+        mcupy.allocator("pool(device)")
 
 
 def test_cupy_hooks_over_a_pool_are_the_pools_hot_path(sim, monkeypatch):
-    fake = _fake_cupy([])
-    monkeypatch.setitem(sys.modules, "cupy", fake)
+    fake = _fake_cupy(monkeypatch)
     import mrkit.cupy as mcupy
 
     pool = PoolResource(mrkit.DeviceMemoryResource())
     fn = mcupy.allocator(pool)
-    code = fn.__self__._m.__code__  # the engine's hook variant itself, a real function in a real file
-    assert code.co_name == "_hook_malloc" and code.co_filename.endswith("_engine/_hot.py")
     mp = fn(1000)  # on CuPy's null stream
+    code = mp.mem._free_func.__code__  # the engine's hook variant itself, a real function in a real file
+    assert code.co_name == "_hook_free" and code.co_filename.endswith("_engine/_hot.py")
     s = Stream.create()
-    fake._current["s"] = fake._Stream(s.handle)
+    fake.state["streams"][0] = fake.Stream(s.handle)
     mp2 = fn(1000)  # on s
-    assert pool.live_bytes == 2000
+    assert pool.live_bytes == 2048
     p1, p2 = mp.ptr, mp2.ptr
-    fake._current["s"] = fake._Stream(0)
+    fake.state["streams"].clear()
     del mp, mp2  # CuPy frees with no stream: each block goes back to its own stream's cache
     assert pool.live_bytes == 0
     assert fn(1000).ptr == p1  # the null stream gets back only what was freed on it
-    fake._current["s"] = fake._Stream(s.handle)
+    fake.state["streams"][0] = fake.Stream(s.handle)
     assert fn(1000).ptr == p2
-    fake._current["device"] = 1
+    fake.state["device"] = 1
     with pytest.raises(ValueError, match="current device is 1"):
         fn(64)
+    fake.state["device"] = 0
     assert pool.live_bytes == 0
+    free = fn(64).mem._free_func
     with pytest.raises(ValueError, match="does not hold"):
-        fn.__self__._f(0xdead00, 0)
+        free(0xdead00, 0)
 
 
 def _fake_numba(monkeypatch):

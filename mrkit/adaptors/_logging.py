@@ -38,7 +38,7 @@ class LoggingAdaptor(Adaptor):
     """
 
     __slots__ = ("_file", "_owns", "_lock", "_buf", "_limit", "_tid", "_time", "_header_written",
-                 "flush_interval")
+                 "flush_interval", "_path", "_reopen")
 
     def __init__(self, upstream: MemoryResource, sink, *, buffer_lines: int = 4096,
                  flush_interval: float | None = 1.0) -> None:
@@ -51,12 +51,13 @@ class LoggingAdaptor(Adaptor):
                 raise ValueError(f"flush_interval must be a positive number of seconds or None, got {flush_interval!r}")
         if isinstance(sink, (str, os.PathLike)):
             self._file = open(sink, "w", encoding="ascii", newline="")
-            self._owns = True
+            self._owns, self._path = True, os.fspath(sink)
         elif hasattr(sink, "write"):
-            self._file, self._owns = sink, False
+            self._file, self._owns, self._path = sink, False, None
         else:
             raise TypeError(f"sink must be a path or a text file object, not {type(sink).__name__}")
         self._lock = threading.Lock()
+        self._reopen = False  # set at interpreter exit: a file closed by teardown is reopened to append
         self._buf: list[tuple] = []
         self._limit = buffer_lines
         self.flush_interval = None if flush_interval is None else float(flush_interval)
@@ -100,18 +101,23 @@ class LoggingAdaptor(Adaptor):
         if len(buf) >= self._limit:
             self.flush()
 
-    def _write(self) -> None:
-        """Format and write the buffered events (lock held). Events appended meanwhile stay queued."""
+    def _write(self, _format=None, _header=None, _open=None) -> None:
+        """Format and write the buffered events (lock held). Events appended meanwhile stay queued.
+        (The module's format and header are bound below, as defaults, so writes during interpreter
+        teardown still work after module globals are gone.)"""
         buf = self._buf
         n = len(buf)
         events = buf[:n]
         del buf[:n]
-        text = "".join(map(_LINE.__mod__, events))
+        text = "".join(map(_format, events))
         if not self._header_written:
             self._header_written = True
-            text = HEADER + "\n" + text
+            text = _header + "\n" + text
         if text:
-            self._file.write(text)
+            f = self._file
+            if self._reopen and f.closed:  # interpreter teardown finalized our file under us
+                f = self._file = _open(self._path, "a", encoding="ascii", newline="")
+            f.write(text)
 
     def flush(self) -> None:
         with self._lock:
@@ -127,6 +133,7 @@ class LoggingAdaptor(Adaptor):
             self._file.close()
 
 
+LoggingAdaptor._write.__defaults__ = (_LINE.__mod__, HEADER, open)
 _open_logs: "weakref.WeakSet[LoggingAdaptor]" = weakref.WeakSet()
 
 
@@ -176,11 +183,14 @@ _flusher = _Flusher()
 
 @atexit.register
 def _flush_at_exit() -> None:
-    """Interpreter exit without close(): every open log still gets its buffered events."""
+    """Interpreter exit without close(): every open log gets its buffered events now, and from here on
+    writes each event as it comes (frees of objects that die during teardown still reach the log;
+    the file is left for the operating system to close)."""
     _flusher.stop()
     for log in list(_open_logs):
         try:
-            log.close() if log._owns else log.flush()
+            log._limit, log._reopen = 1, log._owns
+            log.flush()
         except Exception:  # pragma: no cover - a sink already closed by its owner
             pass
 

@@ -4,32 +4,72 @@ CuPy is imported when first needed. Allocation happens on CuPy's current stream;
 when it frees, so each block is freed on the stream it was allocated on, when CuPy drops its last
 reference.
 
-The device allocator is built on CuPy's ``PythonFunctionAllocator``: CuPy's own (compiled) memory
-object calls mrkit's ``malloc(size, device_id)`` and, when CuPy drops it, ``free(ptr, device_id)``.
-Over a pool those two are the pool's hot path itself (see ``PoolResource``); mrkit remembers each
-block's stream, so the hot path creates no Python object besides CuPy's own two.
-(``PythonFunctionAllocator`` exists in every CuPy the ``cupy`` and ``cupy12`` extras install.)
+The device allocator keeps CuPy's pool contract: every request is rounded up to 512 bytes
+(:data:`ALLOCATION_UNIT`), that much is allocated, and ``mem.size`` says so. It builds CuPy's own
+(compiled) ``PythonFunctionAllocatorMemory`` with the hooks of the current device's resource: CuPy
+calls mrkit's ``malloc(size, device_id)`` and, when it drops the memory, that memory's own
+``free(ptr, device_id)``, so every block goes back to the resource it came from whatever happened to
+the current resource since. Over a pool those two hooks are the pool's hot path itself (see
+``mrkit._engine``). Frees that arrive while the interpreter exits are accepted silently and counted
+(:func:`late_frees`).
 """
 from __future__ import annotations
 
 import atexit
+import threading
+import types
 import weakref
 from contextlib import contextmanager
 
+from .. import _current
 from .._current import get_current_resource
 from .._resource import Buffer, MemoryResource
 from .._stream import DEFAULT_STREAM, as_stream
 from .._engine import hot_paths
+from .._spec import build_resource, parse_spec
+from ..driver import get_driver
 
-__all__ = ["allocator", "pinned_allocator", "install", "install_pinned", "using_allocator", "resource_of"]
+__all__ = ["allocator", "pinned_allocator", "install", "install_pinned", "using_allocator", "resource_of",
+           "ALLOCATION_UNIT", "late_frees"]
 
-_exiting = False
+ALLOCATION_UNIT = 512
+"""CuPy's allocation unit: like CuPy's pool, mrkit's allocator rounds every request up to a multiple of
+it, allocates that much and reports it as ``mem.size`` (CuPy code may use the slack)."""
+
+_exiting = [False]
+_late = [0, 0]  # frees that arrived during interpreter exit: [accepted, of which could not be done]
+_free_hooks: "weakref.WeakSet" = weakref.WeakSet()  # every free hook handed to CuPy
+
+
+def late_frees() -> tuple[int, int]:
+    """``(accepted, not_done)``: frees CuPy made during interpreter exit (all accepted silently;
+    ``not_done`` of them found mrkit already torn down, and their memory goes with the process)."""
+    return _late[0], _late[1]
+
+
+def _late_free(ptr, device_id):
+    """A free arriving while the interpreter exits: done if mrkit still can, never raising or printing."""
+    late[0] += 1
+    try:
+        inner(ptr, device_id)
+    except BaseException:
+        late[1] += 1
 
 
 @atexit.register
-def _at_exit() -> None:  # CuPy arrays that die during interpreter teardown are not freed one by one
-    global _exiting
-    _exiting = True
+def _at_exit() -> None:
+    """From here on every free hook CuPy holds runs :func:`_late_free` around its own body. The hooks'
+    globals are private dicts that interpreter teardown does not clear, so the guard still works when
+    module globals are gone. (atexit runs before module teardown; a swapped ``__code__`` keeps the very
+    function objects CuPy's memory objects hold.)"""
+    _exiting[0] = True
+    for fn in list(_free_hooks):
+        ns = fn.__globals__
+        if "inner" in ns or fn.__closure__:
+            continue
+        ns["inner"] = types.FunctionType(fn.__code__, ns, fn.__name__)
+        ns["late"] = _late
+        fn.__code__ = _late_free.__code__
 
 
 def _cupy():
@@ -58,22 +98,9 @@ def _stream_lookup():
     return cell, lookup
 
 
-def allocator(mr: MemoryResource | None = None):
-    """A function for ``cupy.cuda.set_allocator`` allocating from ``mr`` (default: the current
-    resource of device 0) on CuPy's current stream. ``resource_of(fn)`` gives ``mr`` back.
-
-    The allocator serves the device of ``mr``; allocating while another device is current raises
-    ``ValueError`` (install one allocator per device with ``cupy.cuda.Device(i)`` blocks if needed).
-    Over a :class:`~mrkit.PoolResource` the hooks CuPy calls are the pool's own hot path, in the
-    variant that finds the stream itself and remembers each block's stream (no Python call of
-    mrkit's in between); over any other resource they call its ``allocate``/``deallocate``.
-    """
-    cupy = _cupy()
-    mr = mr or get_current_resource()
-    if not mr.device_accessible:
-        raise ValueError(f"{mr!r} is not device-accessible; use pinned_allocator() for host memory")
-    device = mr.device_id or 0
-    get_stream = cupy.cuda.get_current_stream
+def _hooks(mr: MemoryResource, device: int, get_stream):
+    """CuPy's ``(malloc(nbytes, device_id), free(ptr, device_id))`` over ``mr`` for ``device``: the
+    engine's own hook variant over a pool, else :func:`_generic_malloc`/:func:`_generic_free`."""
     cell, lookup = _stream_lookup()
 
     def wrong_device(device_id: int):
@@ -81,65 +108,126 @@ def allocator(mr: MemoryResource | None = None):
                          f"{device} ({mr!r})")
 
     def foreign_free(ptr: int) -> None:
-        if not _exiting:
+        if not _exiting[0]:
             raise ValueError(f"CuPy freed {ptr:#x}, which this allocator does not hold")
 
     hooks = hot_paths(mr, "hook", device=device, wrong_device=wrong_device, current_stream=get_stream,
-                        seen=cell, remember=lookup, foreign_free=foreign_free)
+                      seen=cell, remember=lookup, foreign_free=foreign_free)
     if hooks is None:
-        hooks = _generic_hooks(mr, device, get_stream, cell, lookup, wrong_device, foreign_free)
-    owner = _allocator_class(cupy.cuda.PythonFunctionAllocator)(*hooks)
-    owner.resource = mr
-    return owner.malloc  # CuPy calls this bound (compiled) method directly
+        ns = {"__builtins__": __builtins__, "alloc": mr.allocate, "dealloc": mr.deallocate, "live": {},
+              "device": device, "get_stream": get_stream, "cell": cell, "lookup": lookup,
+              "wrong_device": wrong_device, "foreign_free": foreign_free}
+        ns["live_pop"] = ns["live"].pop
+        hooks = (types.FunctionType(_generic_malloc.__code__, ns, "malloc"),
+                 types.FunctionType(_generic_free.__code__, ns, "free"))
+    _free_hooks.add(hooks[1])
+    return hooks
 
 
-def _generic_hooks(mr, device, get_stream, cell, lookup, wrong_device, foreign_free):
-    """CuPy's ``malloc(nbytes, device_id)`` and ``free(ptr, device_id)`` over any resource."""
-    alloc, dealloc = mr.allocate, mr.deallocate
-    live: dict[int, tuple] = {}  # ptr -> (nbytes, stream): each entry written once and popped once
+# The generic hooks: templates whose globals are one resource's private namespace (see _hooks).
+def _generic_malloc(nbytes, device_id):
+    """Allocate ``nbytes`` from the resource on the caller's current CuPy stream of ``device_id``."""
+    if device_id != device:
+        wrong_device(device_id)
+    cs = get_stream(device_id)  # the id CuPy passes: spares CuPy a cudaGetDevice
+    ref, s = cell[0]  # the stream lookup, inlined: this runs on every cupy allocation
+    if ref() is not cs:
+        s = lookup(cs)
+    ptr = alloc(nbytes, s)
+    live[ptr] = (nbytes, s)  # each entry written once and popped once
+    return ptr
 
-    def malloc(nbytes: int, device_id: int) -> int:
-        if device_id != device:
-            wrong_device(device_id)
-        cs = get_stream(device_id)  # the id CuPy passes: spares CuPy a cudaGetDevice
-        ref, s = cell[0]  # the stream lookup, inlined: this runs on every cupy allocation
-        if ref() is not cs:
-            s = lookup(cs)
-        ptr = alloc(nbytes, s)
-        live[ptr] = (nbytes, s)
-        return ptr
 
-    def free(ptr: int, device_id: int) -> None:
-        entry = live.pop(ptr, None)
-        if entry is None:
-            return foreign_free(ptr)
+def _generic_free(ptr, device_id):
+    """Free ``ptr`` on the stream it was allocated on."""
+    entry = live_pop(ptr, None)
+    if entry is None:
+        return foreign_free(ptr)
+    dealloc(ptr, entry[0], entry[1])
+
+
+class _Table(dict):
+    """device -> (malloc hook, free hook); a dict that can be weakly referenced."""
+
+    __slots__ = ("__weakref__",)
+
+
+def allocator(mr: MemoryResource | None = None):
+    """A function for ``cupy.cuda.set_allocator``: CuPy's ``malloc(size)`` served by mrkit on CuPy's
+    current stream, with CuPy's pool contract (sizes rounded up to :data:`ALLOCATION_UNIT`, ``mem.size``
+    the rounded size, ``size == 0`` gives a null pointer).
+
+    ``mr=None``: one allocator for every device: CuPy's current device picks
+    ``get_current_resource(device)`` (built on first use, from the factory given to :func:`install`,
+    :func:`mrkit.reinitialize` or ``MRKIT_RESOURCE``), and follows it when it is replaced (blocks
+    already handed out still go back where they came from). ``mr`` a resource: it serves its own
+    device only; allocating while CuPy has another device current raises ``ValueError`` naming both.
+
+    Over a :class:`~mrkit.PoolResource` the hooks CuPy calls are the pool's own hot path (see
+    ``mrkit._engine``), remembering each block's stream; over any other resource they call its
+    ``allocate``/``deallocate``. ``resource_of(fn)`` names the resource serving the current device."""
+    cupy = _cupy()
+    memory = cupy.cuda.memory
+    Memory, Pointer = memory.PythonFunctionAllocatorMemory, memory.MemoryPointer
+    get_device_id, get_stream = cupy.cuda.device.get_device_id, cupy.cuda.get_current_stream
+    table = _Table()
+    bind_lock = threading.Lock()
+    if mr is not None:
+        if not isinstance(mr, MemoryResource):
+            raise TypeError(f"mr must be a MemoryResource or None, not {type(mr).__name__} "
+                            "(install() also takes a factory or a spec string)")
+        if not mr.device_accessible:
+            raise ValueError(f"{mr!r} is not device-accessible; use pinned_allocator() for host memory")
+        fixed = mr.device_id or 0
+        table[fixed] = _hooks(mr, fixed, get_stream)
+        resources = {fixed: mr}
+
+        def bind(dev: int):
+            raise ValueError(f"CuPy's current device is {dev}, but this allocator serves device {fixed} "
+                             f"({mr!r}); use mrkit.cupy.allocator() (no resource) to follow each device")
+    else:
+        resources = {}
+
+        def bind(dev: int):
+            with bind_lock:
+                res = get_current_resource(dev)
+                if not res.device_accessible:
+                    raise ValueError(f"the current resource of device {dev}, {res!r}, is not device-accessible")
+                hooks = table[dev] = _hooks(res, dev, get_stream)
+                resources[dev] = res
+                return hooks
+        ref = weakref.ref(table)
+
+        def drop(dev: int) -> None:  # the current resource of ``dev`` was replaced
+            t = ref()
+            if t is None:
+                return False  # this allocator is gone: stop telling it
+            t.pop(dev, None)
+            return True
+        _current.on_change(drop)
+
+    def malloc(size):
+        dev = get_device_id()
         try:
-            dealloc(ptr, entry[0], entry[1])
-        except Exception:
-            if not _exiting:
-                raise
-    return malloc, free
+            m, f = table[dev]
+        except KeyError:
+            m, f = bind(dev)
+        return Pointer(Memory((size + 511) & -512, m, f, dev), 0)
 
-
-_classes: dict = {}
-
-
-def _allocator_class(PFA):
-    """A Python subclass of CuPy's PythonFunctionAllocator, so the allocator can name its resource."""
-    cls = _classes.get(PFA)
-    if cls is None:
-        cls = _classes[PFA] = type("MrkitCupyAllocator", (PFA,), {"__module__": __name__})
-    return cls
+    malloc.rounding = ALLOCATION_UNIT
+    malloc.resource = mr
+    malloc.resource_for = lambda dev: mr if mr is not None else resources.get(dev) or get_current_resource(dev)
+    return malloc
 
 
 def resource_of(fn=None) -> MemoryResource | None:
-    """The mrkit resource behind an allocator made by :func:`allocator` or :func:`pinned_allocator`
-    (default: CuPy's current device allocator), or ``None`` when it is not one of mrkit's."""
+    """The mrkit resource behind an allocator made by :func:`allocator` (the one serving CuPy's current
+    device) or :func:`pinned_allocator` (default: CuPy's current device allocator), or ``None`` when
+    it is not one of mrkit's."""
     if fn is None:
         fn = _cupy().cuda.get_allocator()
-    mr = getattr(fn, "resource", None)
-    if mr is None:
-        mr = getattr(getattr(fn, "__self__", None), "resource", None)
+    pick = getattr(fn, "resource_for", None)
+    mr = pick(_cupy().cuda.device.get_device_id()) if pick is not None else getattr(fn, "resource", None)
     return mr if isinstance(mr, MemoryResource) else None
 
 
@@ -171,8 +259,21 @@ def pinned_allocator(mr: MemoryResource | None = None):
     return malloc
 
 
-def install(mr: MemoryResource | None = None):
-    """Make ``mr`` CuPy's global device allocator; returns the allocator installed."""
+def install(mr=None):
+    """Make mrkit CuPy's global device allocator; returns the allocator installed.
+
+    ``mr``: ``None`` (every device's current resource), a resource (its device only), a factory
+    ``callable(device) -> MemoryResource`` or a spec string (``"statistics(pool(device))"``): these
+    two become every device's current resource, built on first use (as ``mrkit.reinitialize(mr)``)."""
+    if mr is not None and not isinstance(mr, MemoryResource):
+        if not (isinstance(mr, str) or callable(mr)):
+            raise TypeError(f"mr must be a MemoryResource, a factory, a spec string or None, not "
+                            f"{type(mr).__name__}")
+        if isinstance(mr, str):
+            node, drv = parse_spec(mr), get_driver()
+            mr = lambda device: build_resource(node, drv, device)  # noqa: E731
+        _current.rebuild_all(mr)
+        mr = None
     fn = allocator(mr)
     _cupy().cuda.set_allocator(fn)
     return fn

@@ -9,7 +9,7 @@ from .._current import get_current_resource
 from .._resource import Buffer
 from .._stream import DEFAULT_STREAM
 
-__all__ = ["MrkitNumbaManager", "make_manager_class"]
+__all__ = ["MrkitNumbaManager", "make_manager_class", "install"]
 
 
 def make_manager_class():
@@ -52,6 +52,15 @@ def make_manager_class():
 
     del cuda
     return MrkitNumbaManager
+
+
+def install():
+    """Make mrkit Numba's memory manager (``numba.cuda.set_memory_manager``); Numba must not have
+    created its CUDA context yet (Numba raises otherwise)."""
+    from numba import cuda
+    cls = __getattr__("MrkitNumbaManager")
+    cuda.set_memory_manager(cls)
+    return cls
 
 
 def __getattr__(name):

@@ -1,0 +1,175 @@
+"""``mrkit.reinitialize``: every device's current resource set up in one call, in the spirit of
+``rmm.reinitialize`` (and what the Dask worker plugin calls on each worker).
+
+Sits above the current-resource registry, the resources, the adaptors and the spec builder."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import _current
+from ._resource import MemoryResource
+from ._sizes import parse_size
+from ._spec import _device_path, build_resource, parse_spec
+from .adaptors import LoggingAdaptor, StatisticsAdaptor, TrackingAdaptor
+from .driver import get_driver
+
+__all__ = ["reinitialize", "KINDS"]
+
+KINDS = ("pool", "device", "vmm", "managed", "cuda")
+"""Resource kinds :func:`reinitialize` knows by name (besides a spec string or a factory)."""
+
+_owned_logs: list[LoggingAdaptor] = []  # logs the last reinitialize opened; the next one closes them
+
+
+def _fraction_or_size(value, name: str, total: int) -> int | None:
+    """Bytes from an int, a size string or a float fraction (0, 1] of the device's memory."""
+    if value is None:
+        return None
+    if isinstance(value, float):
+        if not 0.0 < value <= 1.0:
+            raise ValueError(f"{name} as a fraction of device memory must be in (0, 1], got {value}")
+        return int(total * value) & -256
+    return parse_size(value, name)
+
+
+def _base(kind, device: int, drv, initial, maximum, threshold):
+    from .resources import (CudaMemoryResource, DeviceMemoryResource, DeviceMemoryResourceOptions,
+                            ManagedMemoryResource, PoolResource, VirtualMemoryResource,
+                            VirtualMemoryResourceOptions)
+    if kind == "pool":
+        up = (DeviceMemoryResource(device, driver=drv) if drv.device_capability(device, "memory_pools_supported")
+              else CudaMemoryResource(device, driver=drv))
+        return PoolResource(up, initial or 0, maximum, driver=drv)
+    if kind == "device":
+        if initial is None and maximum is None and threshold is None:
+            return DeviceMemoryResource(device, driver=drv)  # the device's default pool, as CuPy/PyTorch share it
+        opts = DeviceMemoryResourceOptions(initial_size=initial or 0, max_size=maximum or 0,
+                                           release_threshold=threshold)
+        return DeviceMemoryResource(device, opts, driver=drv)
+    if kind == "vmm":
+        return VirtualMemoryResource(device, VirtualMemoryResourceOptions(release_threshold=threshold), driver=drv)
+    if kind == "managed":
+        return ManagedMemoryResource(device, driver=drv)
+    return CudaMemoryResource(device, driver=drv)
+
+
+def reinitialize(resource=None, *, devices=None, initial_pool_size=None, maximum_pool_size=None,
+                 release_threshold=None, log_file=None, statistics: bool = False, tracking: bool = False,
+                 cupy: bool = False, numba: bool = False) -> dict[int, MemoryResource]:
+    """Set up the current resource of each device and return ``{device: resource}`` for those built now.
+
+    resource: a kind (``"pool"``: :class:`PoolResource` over the driver's pool; ``"device"``: the
+        driver's pool itself, its own pool when sizes are given; ``"vmm"``; ``"managed"``; ``"cuda"``),
+        a resource spec string (``"statistics(pool(device))"``, sizes in the spec), or a factory
+        ``callable(device) -> MemoryResource``. ``None`` with nothing else: back to the defaults
+        (``MRKIT_RESOURCE`` or the driver's pool), closing the logs a previous call opened.
+    devices: ordinals to set up now; ``None``: every device, each built on first use.
+    initial_pool_size, maximum_pool_size: bytes, a size string (``"8 GiB"``) or a fraction of the
+        device's memory (``0.5``); for ``"pool"`` and ``"device"``. release_threshold: for
+        ``"device"`` and ``"vmm"`` (bytes kept reserved across synchronisations / free mapped bytes
+        tolerated).
+    log_file: one RMM-format CSV log per device (``mem.csv``, ``mem.device1.csv``; or put ``{device}``
+        in the name). statistics / tracking: wrap each device's resource in those adaptors.
+    cupy / numba: also make mrkit CuPy's allocator (one for every device) / Numba's memory manager.
+
+    Arguments are all checked before anything changes: a bad one raises ``ValueError``/``TypeError``
+    naming it and leaves every device's resource as it was."""
+    drv = get_driver()
+    count = drv.device_count()
+    for name, flag in (("statistics", statistics), ("tracking", tracking), ("cupy", cupy), ("numba", numba)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, not {flag!r}")
+    if devices is not None:
+        if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__"):
+            raise TypeError(f"devices must be a list of device ordinals, not {type(devices).__name__}")
+        devices = list(devices)
+        for d in devices:
+            if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < count:
+                raise ValueError(f"devices: {d!r} is not a device ordinal (this machine has {count})")
+    sized = initial_pool_size is not None or maximum_pool_size is not None
+    if isinstance(resource, str) and resource not in KINDS:
+        try:
+            node = parse_spec(resource)
+        except ValueError as exc:
+            raise ValueError(f"resource: {exc}") from None
+        if sized or release_threshold is not None:
+            raise ValueError("initial_pool_size/maximum_pool_size/release_threshold do not apply to a "
+                             "resource spec: give the sizes in the spec")
+        make = lambda d: build_resource(node, drv, d)  # noqa: E731
+    elif resource is None or isinstance(resource, str):
+        kind = resource or "pool"
+        if kind in ("vmm", "managed", "cuda") and sized:
+            raise ValueError(f"initial_pool_size/maximum_pool_size do not apply to resource={kind!r}")
+        if kind in ("pool", "managed", "cuda") and release_threshold is not None:
+            raise ValueError(f"release_threshold does not apply to resource={kind!r}")
+        # check the sizes now, against every device they will apply to
+        for d in devices if devices is not None else range(count):
+            total = drv.device_total_mem(d)
+            lo = _fraction_or_size(initial_pool_size, "initial_pool_size", total)
+            hi = _fraction_or_size(maximum_pool_size, "maximum_pool_size", total)
+            _fraction_or_size(release_threshold, "release_threshold", total)
+            if hi is not None and hi == 0:
+                raise ValueError("maximum_pool_size must be positive")
+            if lo is not None and hi is not None and lo > hi:
+                raise ValueError(f"initial_pool_size ({lo} bytes) exceeds maximum_pool_size ({hi} bytes)")
+
+        def make(d):
+            total = drv.device_total_mem(d)
+            return _base(kind, d, drv, _fraction_or_size(initial_pool_size, "initial_pool_size", total),
+                         _fraction_or_size(maximum_pool_size, "maximum_pool_size", total),
+                         _fraction_or_size(release_threshold, "release_threshold", total))
+    elif callable(resource) and not isinstance(resource, MemoryResource):
+        if sized or release_threshold is not None:
+            raise ValueError("initial_pool_size/maximum_pool_size/release_threshold do not apply to a "
+                             "factory: give the sizes to the resources it builds")
+        make = resource
+    else:
+        raise TypeError(f"resource must be one of {KINDS}, a spec string or a callable(device), "
+                        f"not {type(resource).__name__}")
+    if log_file is not None and not isinstance(log_file, (str, os.PathLike)):
+        raise TypeError(f"log_file must be a path, not {type(log_file).__name__}")
+
+    reset = (resource is None and devices is None and not sized and release_threshold is None
+             and log_file is None and not statistics and not tracking)
+    opened: list[LoggingAdaptor] = []
+
+    def build(d: int) -> MemoryResource:
+        mr = make(d)
+        if not isinstance(mr, MemoryResource):
+            raise TypeError(f"resource factory returned {type(mr).__name__} for device {d}, not a MemoryResource")
+        if log_file is not None:
+            mr = LoggingAdaptor(mr, _device_path(str(Path(log_file)), d))
+            opened.append(mr)
+            _owned_logs.append(mr)
+        if tracking:
+            mr = TrackingAdaptor(mr)
+        if statistics:
+            mr = StatisticsAdaptor(mr)
+        return mr
+
+    built = {}
+    try:
+        for d in devices or ():
+            built[d] = build(d)
+    except BaseException:
+        for log in opened:
+            log.close()
+        raise
+    # nothing can fail from here on: swap
+    for log in [log for log in _owned_logs if log not in opened]:
+        _owned_logs.remove(log)
+        log.close()
+    if reset:
+        _current.rebuild_all(None)
+    elif devices is None:
+        _current.rebuild_all(build)
+    for d, mr in built.items():
+        _current.set_current_resource(mr, d)
+    if cupy:
+        from .integrations.cupy import install
+        install()
+    if numba:
+        from .integrations.numba import install as install_numba
+        install_numba()
+    return built
