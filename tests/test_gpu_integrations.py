@@ -179,3 +179,134 @@ def test_collected_cupy_streams_whose_handles_come_back(gpu):
         s.synchronize()
     pool.release()
     assert pool.pool_size == 0 and pool.live_bytes == 0
+
+
+# -- issue 19: a drop-in for CuPy's pool, on every device ------------------------------------------
+def _cupy_suite(cupy):
+    """Real CuPy functions across fft, linalg, sorting, statistics, indexing and manipulation; their
+    results as numpy arrays (computed on the GPU with whatever allocator is installed)."""
+    rng = np.random.default_rng(7)
+    a = cupy.asarray(rng.standard_normal((96, 96)).astype(np.float64))
+    v = cupy.asarray(rng.standard_normal(10_001))
+    ints = cupy.asarray(rng.integers(0, 50, 5_000))
+    out = {
+        "fft": cupy.fft.fft(v), "rfft2": cupy.fft.rfft2(a), "ifft": cupy.fft.ifft(cupy.fft.fft(v)),
+        "inv": cupy.linalg.inv(a + 96 * cupy.eye(96)), "solve": cupy.linalg.solve(a + 96 * cupy.eye(96), a[:, 0]),
+        "svd": cupy.linalg.svd(a, compute_uv=False), "qr": cupy.abs(cupy.linalg.qr(a)[1]),
+        "sort": cupy.sort(v), "argsort": cupy.argsort(ints, kind="stable"), "unique": cupy.unique(ints),
+        "percentile": cupy.percentile(v, [1, 25, 50, 75, 99]), "median": cupy.median(a, axis=0),
+        "std": cupy.std(a, axis=1), "histogram": cupy.histogram(v, bins=17)[0], "cumsum": cupy.cumsum(ints),
+        "fancy": v[ints], "mask": v[v > 0.5], "where": cupy.where(a > 0, a, -a),
+        "take": cupy.take_along_axis(a, cupy.argsort(a, axis=1), axis=1),
+        "concat": cupy.concatenate([a, a.T], axis=0), "reshape": a.reshape(48, 192).T.copy(),
+        "stack": cupy.stack([v[:100], v[100:200]]), "pad": cupy.pad(a[:5, :5], 2), "flip": cupy.flip(a, 0),
+        "einsum": cupy.einsum("ij,jk->ik", a, a),
+    }
+    cupy.cuda.Device().synchronize()
+    return {k: cupy.asnumpy(x) for k, x in out.items()}
+
+
+@pytest.mark.parametrize("spec", ["pool(device)", "statistics(pool(device))", "vmm"])
+def test_cupy_functions_give_the_same_results_with_mrkit_as_with_cupys_pool(gpu, spec):
+    cupy = pytest.importorskip("cupy")
+    old = cupy.cuda.get_allocator()
+    want = _cupy_suite(cupy)  # CuPy's own pool
+    fn = mrkit.cupy.install(spec)
+    try:
+        assert cupy.cuda.get_allocator() is fn
+        got = _cupy_suite(cupy)
+        mr = mrkit.cupy.resource_of()
+        assert mr is mrkit.get_current_resource(0)
+        x = cupy.empty(1000, dtype=cupy.uint8)
+        assert x.data.mem.size == 1024  # CuPy's pool contract
+        del x
+        if spec.startswith("statistics"):
+            assert mr.statistics.total_count > 50  # mrkit served every array above
+    finally:
+        cupy.fft.config.get_plan_cache().clear()
+        cupy.cuda.set_allocator(old)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-9, atol=1e-9, err_msg=k)
+
+
+def test_cupy_threads_each_with_their_own_allocator_or_the_global_one(gpu):
+    cupy = pytest.importorskip("cupy")
+    import threading
+    old = cupy.cuda.get_allocator()
+    glob = StatisticsAdaptor(PoolResource(DeviceMemoryResource(0, driver=gpu)))
+    own = StatisticsAdaptor(PoolResource(DeviceMemoryResource(0, driver=gpu)))
+    mrkit.cupy.install(glob)
+    errors = []
+
+    def with_own():
+        try:
+            with mrkit.cupy.using_allocator(own):
+                for _ in range(200):
+                    (cupy.arange(1000) * 2).sum()
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def with_global():
+        try:
+            for _ in range(200):
+                (cupy.arange(1000) * 2).sum()
+        except Exception as exc:  # pragma: no cover
+            errors.append(exc)
+    try:
+        ts = [threading.Thread(target=f) for f in (with_own, with_global, with_own, with_global)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        cupy.cuda.Device().synchronize()
+    finally:
+        cupy.cuda.set_allocator(old)
+    assert not errors, errors
+    assert own.statistics.total_count >= 400 and glob.statistics.total_count >= 400
+    assert own.statistics.current_bytes == 0 and glob.statistics.current_bytes == 0
+
+
+_EXIT = """
+import cupy, mrkit, mrkit.cupy
+mrkit.reinitialize("pool", log_file={log!r}, statistics=True, cupy=True)
+arrays = [cupy.arange(1000 + i) for i in range(50)]
+plans = cupy.fft.fft(cupy.ones(4096))            # a cuFFT plan cached by CuPy, holding mrkit memory
+s = cupy.cuda.Stream(non_blocking=True)
+with s:
+    on_stream = [cupy.ones((64, 64)) * i for i in range(20)]
+class Cycle:
+    pass
+c = Cycle(); c.c = c; c.x = [cupy.zeros(777) for _ in range(10)]
+del c
+print("ok", flush=True)
+"""
+
+
+def test_exit_with_live_cupy_arrays_is_silent_and_loses_no_log_event(gpu, tmp_path):
+    pytest.importorskip("cupy")
+    log = tmp_path / "mem.csv"
+    r = subprocess.run([sys.executable, "-c", _EXIT.format(log=str(log))], capture_output=True, text=True,
+                       env=_env(), timeout=120)
+    assert r.returncode == 0 and r.stdout == "ok\n" and r.stderr == "", r.stderr[-3000:]
+    events = mrkit.read_log(log)
+    allocs = sorted(e.pointer for e in events if e.action == "allocate")
+    frees = sorted(e.pointer for e in events if e.action == "free")
+    assert len(allocs) > 80 and len(allocs) == len(frees)
+
+
+def test_cupy_on_two_devices_with_one_allocator(gpu):
+    cupy = pytest.importorskip("cupy")
+    if gpu.device_count() < 2:
+        pytest.skip("needs two GPUs (this machine has one)")
+    old = cupy.cuda.get_allocator()
+    mrkit.cupy.install("statistics(pool(device))")
+    try:
+        with cupy.cuda.Device(1):
+            b = cupy.arange(10_000, dtype=cupy.float32)
+        a = cupy.arange(10_000, dtype=cupy.float32)
+        assert a.device.id == 0 and b.device.id == 1
+        with cupy.cuda.Device(1):
+            c = cupy.asarray(a)  # copy between devices, pool memory on both sides
+        assert c.device.id == 1 and float((c - b).sum()) == 0.0
+        assert mrkit.get_current_resource(1).statistics.current_bytes >= 80_000
+        del a, b, c
+    finally:
+        cupy.cuda.set_allocator(old)
