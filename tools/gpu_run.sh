@@ -19,13 +19,13 @@ PYTHONPATH=$PWD python3 -m pytest -q -p no:cacheprovider --collect-only -k "stat
   | grep '::' > "$OUT/kit_ids.txt"
 SHARDS=${KIT_SHARDS:-8}
 for i in $(seq 0 $((SHARDS - 1))); do
-  ids=$(awk -v n="$SHARDS" -v i="$i" 'NR % n == i' "$OUT/kit_ids.txt")
-  [ -z "$ids" ] && continue
-  (PYTHONPATH=$PWD HYPOTHESIS_PROFILE=gpu timeout ${KIT_BUDGET:-200} python3 -X faulthandler -m pytest -q -p no:cacheprovider \
-    $ids > "$OUT/kit_gpu_$i.txt" 2>&1) &
+  awk -v n="$SHARDS" -v i="$i" 'NR % n == i' "$OUT/kit_ids.txt" > "$OUT/kit_shard_$i.txt"
+  [ -s "$OUT/kit_shard_$i.txt" ] || continue
+  (PYTHONPATH=$PWD HYPOTHESIS_PROFILE=gpu timeout ${KIT_BUDGET:-200} xargs -d '\n' -a "$OUT/kit_shard_$i.txt" \
+    python3 -X faulthandler -m pytest -q -p no:cacheprovider > "$OUT/kit_gpu_$i.txt" 2>&1) &
 done
 wait
-cat "$OUT"/kit_gpu_*.txt > "$OUT/kit_gpu.txt"; rm -f "$OUT"/kit_gpu_*.txt
+cat "$OUT"/kit_gpu_*.txt > "$OUT/kit_gpu.txt"; rm -f "$OUT"/kit_gpu_*.txt "$OUT"/kit_shard_*.txt "$OUT/kit_ids.txt"
 grep -E "^(FAILED|ERROR)" "$OUT/kit_gpu.txt" | head; grep -E "passed|failed|error" "$OUT/kit_gpu.txt" | grep " in " 
 if [ "${ROUNDS:-0}" -gt 0 ] && [ -d "$BASE" ]; then
   for round in $(seq 1 "$ROUNDS"); do
