@@ -170,6 +170,32 @@ def _table(title: str, rows: list[tuple[str, str]], out) -> None:
     Console(file=out, width=100).print(t)
 
 
+def _grid(title: str, columns: list[str], rows: list[list[str]], out) -> None:
+    """A table with several columns: rich where installed, plain aligned text otherwise."""
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(title, file=out)
+        widths = [max(len(str(r[i])) for r in [columns] + rows) for i in range(len(columns))]
+        for r in [columns] + rows:
+            print("  " + "  ".join(f"{str(c):<{w}}" for c, w in zip(r, widths)), file=out)
+        return
+    console = Console(file=out, width=160)
+    console.print(f"[bold]{title}[/bold]", highlight=False)
+    t = Table()
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="left" if i == 0 else "right")
+    for r in rows:
+        t.add_row(*map(str, r))
+    console.print(t)
+
+
+def _wants_progress(args, out) -> bool:
+    return not (getattr(args, "quiet", False) or not (out is sys.stdout and sys.stdout.isatty())
+                and not getattr(args, "progress", False))
+
+
 def demo_workload(drv, ops: int, seed: int = 0):
     """The demo's workload, sized to the device: sizes log-uniform from 256 B up to 4 MiB (less on a
     small device), live bytes capped at a quarter of the device's free memory; returns the plan as
@@ -192,6 +218,19 @@ def demo_workload(drv, ops: int, seed: int = 0):
     return plan
 
 
+def _demo_plot_path(args):
+    """``--plot PATH``; by default ``mrkit-demo.png`` where matplotlib is installed; ``--no-plot``: none."""
+    if getattr(args, "no_plot", False):
+        return None
+    if getattr(args, "plot", None):
+        return args.plot
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return None
+    return "mrkit-demo.png"
+
+
 def cmd_demo(args, out=None) -> int:
     """Run a multi-stream workload through statistics(pool(device)) and show the race checker."""
     out = out or sys.stdout
@@ -209,16 +248,29 @@ def cmd_demo(args, out=None) -> int:
         quiet = getattr(args, "quiet", False) or not (out is sys.stdout and sys.stdout.isatty()) \
             and not getattr(args, "progress", False)
         bar, advance = _progress(len(plan), "allocate/free", quiet)
-        t0 = time.perf_counter()
+        from ._plot import Timeline
+        tl = Timeline(per_stream={s.handle: [] for s in streams})
+        live_by = [0] * len(streams)
+        clock = time.perf_counter
+        t0 = clock()
         with bar:
             for i, (kind, a, b) in enumerate(plan):
                 if kind == "a":
                     s = streams[b]
                     p = ptrs[i] = mr.allocate(a, s)
                     drv.touch(p, a, s.handle)  # a kernel writing the block, checked on the simulator
+                    live_by[b] += a
                 else:
                     _, n, sidx = plan[a]
                     mr.deallocate(ptrs.pop(a), n, streams[sidx])
+                    live_by[sidx] -= n
+                tl.times.append(clock() - t0)
+                total = sum(live_by)
+                tl.total.append(total)
+                for k, s in enumerate(streams):
+                    tl.per_stream[s.handle].append(live_by[k])
+                if total > tl.peak:
+                    tl.peak, tl.peak_time = total, tl.times[-1]
                 if i % 256 == 255:
                     advance(256)
             advance(len(plan) % 256)
@@ -240,6 +292,11 @@ def cmd_demo(args, out=None) -> int:
                 ("release() gave back", format_size(released)),
                 ("bytes lost", format_size(held - released) if held != released else "0 B")]
         _table("mrkit demo: statistics(pool(device))", rows, out)
+        plot_path = _demo_plot_path(args)
+        if plot_path:
+            from ._plot import plot_timeline
+            plot_timeline(tl, plot_path, f"mrkit demo: {len(plan)} calls on 4 streams ({drv.name})")
+            print(f"memory over time: {plot_path}", file=out)
         for s in streams:
             s.close()
         if held != released or st.current_bytes:
@@ -267,23 +324,68 @@ def cmd_replay(args, out=None) -> int:
     out = out or sys.stdout
     from ._spec import resource_from_spec
     from .adaptors import StatisticsAdaptor, read_log, replay
+    from .driver import use_backend
 
     drv = _demo_driver(args.backend)
     events = read_log(args.log)
     print(f"{len(events)} events from {args.log} on the {drv.name} backend", file=out)
-    print("| resource | us/event | peak live | held at the end | failures |", file=out)
-    print("|---|---|---|---|---|", file=out)
-    from .driver import use_backend
-    with use_backend(drv):
+    rows, results = [], []
+    bar, advance = _progress(len(events) * len(args.resource), "replay", not _wants_progress(args, out))
+    with use_backend(drv), bar:
         for spec in args.resource:
             mr = resource_from_spec(spec, drv)
-            stats = mr if isinstance(mr, StatisticsAdaptor) else None
-            r = replay(events, mr, driver=drv)
-            held = "-" if r.held_bytes is None else format_size(r.held_bytes)
-            print(f"| {spec} | {r.us_per_event:.2f} | {format_size(r.peak_live_bytes)} | {held} | {r.failures} |",
-                  file=out)
-            if stats is not None:
-                print(f"|   statistics | | peak {format_size(stats.statistics.peak_bytes)} | | |", file=out)
+            r = replay(events, mr, driver=drv, progress=advance)
+            peak = mr.statistics.peak_bytes if isinstance(mr, StatisticsAdaptor) else None
+            results.append({"resource": spec, "events": r.events, "us_per_event": r.us_per_event,
+                            "peak_live_bytes": r.peak_live_bytes, "held_bytes": r.held_bytes,
+                            "failures": r.failures, "statistics_peak_bytes": peak})
+            rows.append([spec, f"{r.us_per_event:.2f}", format_size(r.peak_live_bytes),
+                         "-" if r.held_bytes is None else format_size(r.held_bytes), str(r.failures)])
+    if getattr(args, "json", False):
+        import json
+        print(json.dumps({"log": str(args.log), "backend": drv.name, "results": results}, indent=2), file=out)
+    else:
+        _grid("replay summary", ["resource", "us/event", "peak live", "held at the end", "out of memory"], rows, out)
+    return 0
+
+
+def cmd_bench(args, out=None) -> int:
+    """Measure a resource spec beside CuPy's and PyTorch's allocators on the chosen workloads."""
+    import json
+
+    from ._bench import WORKLOADS, run_bench
+    from .driver import use_backend
+
+    out = out or sys.stdout
+    drv = _demo_driver(args.backend)
+    workloads = args.workload or list(WORKLOADS)
+    from ._bench import _others
+    n_alloc = 1 + len(_others(drv))
+    bar, advance = _progress(len(workloads) * args.rounds * n_alloc, "bench", not _wants_progress(args, out))
+    with use_backend(drv), bar:
+        res = run_bench(args.resource, workloads, drv, ops=args.ops, rounds=args.rounds, advance=advance)
+    if args.json:
+        print(json.dumps(res, indent=2), file=out)
+        return 0
+    names = res["allocators"]
+    others = [n for n in names if not n.startswith("mrkit ")]
+    rows = [[w] + [f"{res['workloads'][w][n]:.2f}" for n in names] +
+            [f"{res['ratios'][w][o]:.2f}x" for o in others] for w in workloads]
+    _grid(f"mrkit bench on {res['backend']} ({res['device']}): us per call, median of {args.rounds}",
+          ["workload"] + names + [f"mrkit / {o}" for o in others], rows, out)
+    if not others:
+        print("(no CuPy or PyTorch on a GPU here: mrkit measured alone)", file=out)
+    return 0
+
+
+def cmd_plot(args, out=None) -> int:
+    """Draw memory in use over time, per stream, from an allocation log."""
+    from ._plot import plot_log
+
+    out = out or sys.stdout
+    tl = plot_log(args.log, args.output)
+    print(f"{args.output}: {len(tl.times)} events, {len(tl.per_stream)} streams, peak {format_size(tl.peak)} "
+          f"at {tl.peak_time:.3f} s", file=out)
     return 0
 
 
@@ -327,12 +429,32 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--ops", type=_positive_int, default=20000, help="allocate/free calls to make")
     demo.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
+    demo.add_argument("--plot", metavar="PATH", help="draw memory over time to PATH (.png/.svg/.html; "
+                      "default mrkit-demo.png where matplotlib is installed)")
+    demo.add_argument("--no-plot", action="store_true", help="draw no picture")
     rep = sub.add_parser("replay", help="replay an allocation log (mrkit's or RMM's CSV) against resources")
     rep.add_argument("log", help="the CSV log (Thread,Time,Action,Pointer,Size,Stream)")
     rep.add_argument("--resource", action="append", default=None,
                      help="a resource spec, e.g. 'pool(device)'; repeat to compare (default: device, pool(device))")
     rep.add_argument("--backend", choices=["cuda", "sim"], default=None,
                      help="force a backend (default: the GPU if there is one, else the simulator)")
+    rep.add_argument("--json", action="store_true", help="machine-readable output")
+    rep.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
+    rep.add_argument("--quiet", action="store_true", help="no progress bar")
+    bench = sub.add_parser("bench", help="measure a resource spec beside CuPy's and PyTorch's allocators")
+    bench.add_argument("--resource", default="pool(device)", help="the resource spec to measure (default: pool(device))")
+    bench.add_argument("--workload", action="append", choices=["pairs", "batch", "random", "streams"],
+                       help="repeat to pick several (default: all)")
+    bench.add_argument("--ops", type=_positive_int, default=20000, help="calls per workload and round")
+    bench.add_argument("--rounds", type=_positive_int, default=3, help="rounds per allocator (median reported)")
+    bench.add_argument("--json", action="store_true", help="machine-readable output")
+    bench.add_argument("--backend", choices=["cuda", "sim"], default=None,
+                       help="force a backend (default: the GPU if there is one, else the simulator)")
+    bench.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
+    bench.add_argument("--quiet", action="store_true", help="no progress bar")
+    plot = sub.add_parser("plot", help="draw memory in use over time from an allocation log (needs mrkit[plot])")
+    plot.add_argument("log", help="the CSV log (mrkit's or RMM's)")
+    plot.add_argument("-o", "--output", required=True, help="out.png, .svg, .pdf or .html")
     snap = sub.add_parser("snapshot", help="turn an allocation log into a PyTorch memory_viz snapshot")
     snap.add_argument("log", help="the CSV log (mrkit's or RMM's)")
     snap.add_argument("-o", "--output", required=True, help="the pickle to write (e.g. snap.pickle)")
@@ -347,8 +469,8 @@ def main(argv=None) -> int:
     if args.command == "replay" and not args.resource:
         args.resource = ["device", "pool(device)"]
     try:
-        return {"info": cmd_info, "demo": cmd_demo, "replay": cmd_replay,
-                "snapshot": cmd_snapshot}[args.command](args)
+        return {"info": cmd_info, "demo": cmd_demo, "replay": cmd_replay, "bench": cmd_bench,
+                "plot": cmd_plot, "snapshot": cmd_snapshot}[args.command](args)
     except BrokenPipeError:  # `mrkit info | head`: the reader left; that is not an error
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -313,7 +313,8 @@ class ReplayReport:
         return self.seconds * 1e6 / self.events if self.events else 0.0
 
 
-def replay(log, resource: MemoryResource, *, streams: dict | None = None, driver=None) -> ReplayReport:
+def replay(log, resource: MemoryResource, *, streams: dict | None = None, driver=None,
+           progress=None) -> ReplayReport:
     """Re-issue a log's events in order against ``resource``.
 
     Logged pointers map to the new ones; each logged stream maps to a stream of this process
@@ -327,6 +328,9 @@ def replay(log, resource: MemoryResource, *, streams: dict | None = None, driver
     pointer allocated again while the log still has it live, or freed with a size other than the
     one it was allocated with. If the resource raises anything but ``OutOfMemoryError`` midway,
     every allocation made so far is freed before the error propagates.
+
+    ``progress``: called as ``progress(k)`` after every 1 024 events re-issued (and with the rest at
+    the end), e.g. a progress bar's advance.
     """
     events = read_log(log) if not isinstance(log, list) else log
     _check_log(events)
@@ -353,7 +357,9 @@ def replay(log, resource: MemoryResource, *, streams: dict | None = None, driver
     clock = time.perf_counter
     alloc, free = resource.allocate, resource.deallocate
     try:
-        for ev in events:
+        for i, ev in enumerate(events):
+            if progress is not None and i & 1023 == 1023:
+                progress(1024)
             if ev.action == "allocate failure":
                 continue
             s = stream_for(ev.stream)
@@ -382,6 +388,8 @@ def replay(log, resource: MemoryResource, *, streams: dict | None = None, driver
                 free(entry[0], entry[1], s)
                 elapsed += clock() - t0
                 cur -= entry[1]
+        if progress is not None and len(events) & 1023:
+            progress(len(events) & 1023)
         while live:
             _, (p, size, s) = live.popitem()
             free(p, size, s)
