@@ -1,0 +1,184 @@
+"""PyTorch integration: mrkit resources behind PyTorch's CUDA allocator, with no compiled code.
+
+PyTorch's pluggable-allocator API wants two C functions, ``void* alloc(size_t size, int device,
+cudaStream_t stream)`` and ``void free(void* ptr, size_t size, int device, cudaStream_t stream)``.
+``torch.cuda.memory.CUDAPluggableAllocator`` finds them in a shared library by name; mrkit makes them
+with ``ctypes.CFUNCTYPE`` (C-callable functions backed by Python) and hands their addresses to the
+same internal constructor that class calls, ``torch._C._cuda_customAllocator(alloc_ptr, free_ptr)``.
+That private function, ``torch.cuda.MemPool`` / ``torch.cuda.use_mem_pool`` (scoped use) and
+``torch._C._cuda_changeCurrentAllocator`` (process-wide use, what
+``torch.cuda.memory.change_current_allocator`` calls) are the PyTorch internals relied on; where one
+is missing :func:`allocator` / :func:`pool` / :func:`install` raise ``RuntimeError`` naming it.
+
+Two ways to use it:
+
+* :func:`pool` (preferred): ``with mrkit.torch.pool(mr):`` — PyTorch keeps its caching allocator and
+  mrkit supplies its segments (a ``torch.cuda.MemPool`` with mrkit as its allocator). When mrkit
+  cannot allocate (after its pool's own reclaim), PyTorch frees its cache, retries, and raises a typed
+  ``torch.cuda.OutOfMemoryError`` (mrkit's reason is added as a note). PyTorch's statistics
+  (``torch.cuda.memory_stats``) and snapshots keep working.
+* :func:`install`: mrkit replaces PyTorch's allocator for the whole process (before PyTorch's first
+  CUDA allocation). Every tensor allocation is then an mrkit call; PyTorch's caching statistics and
+  snapshots no longer describe the memory, and an out-of-memory surfaces as PyTorch's generic
+  ``RuntimeError``/``OutOfMemoryError`` from its custom-allocator path.
+
+Blocks are stream-ordered on the stream PyTorch passes, and freed on the stream they were allocated
+on. The callbacks take the GIL; see docs/guide.md for the lock-order note (tested with two threads).
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from contextlib import contextmanager
+
+from .._current import get_current_resource
+from .._errors import OutOfMemoryError
+from .._resource import MemoryResource
+from .._stream import DEFAULT_STREAM, Stream
+
+__all__ = ["TorchAllocator", "allocator", "pool", "install"]
+
+_ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+_FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+_keep: list = []  # every allocator handed to PyTorch: its C callbacks must outlive PyTorch's use
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("mrkit.torch needs PyTorch: pip install torch") from exc
+    return torch
+
+
+def _internal(torch, dotted: str):
+    obj = torch
+    for part in dotted.split(".")[1:]:
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise RuntimeError(f"this PyTorch ({getattr(torch, '__version__', '?')}) has no {dotted}, which "
+                               "mrkit.torch relies on (PyTorch 2.5 or newer has it)")
+    return obj
+
+
+class TorchAllocator:
+    """mrkit's resources as a PyTorch CUDA allocator. ``mr``: one resource (its device only), or
+    ``None``: the current resource of the device PyTorch asks for.
+
+    ``allocator`` is PyTorch's allocator object (for ``torch.cuda.MemPool(...)``); ``live_bytes`` what
+    PyTorch holds from mrkit now; ``failures`` allocations mrkit refused, ``last_error`` the latest
+    reason; ``foreign_frees`` frees of pointers this allocator never handed out (ignored: a C callback
+    cannot raise)."""
+
+    def __init__(self, mr: MemoryResource | None = None) -> None:
+        torch = _torch()
+        make = _internal(torch, "torch._C._cuda_customAllocator")
+        if mr is not None:
+            if not isinstance(mr, MemoryResource):
+                raise TypeError(f"mr must be a MemoryResource or None, not {type(mr).__name__}")
+            if not mr.device_accessible:
+                raise ValueError(f"{mr!r} is not device-accessible")
+        self.resource = mr
+        self._live: dict[int, tuple] = {}  # ptr -> (resource, nbytes, stream)
+        self._streams: dict[int, Stream] = {}
+        self._lock = threading.Lock()
+        self.live_bytes = 0
+        self.failures = 0
+        self.foreign_frees = 0
+        self.last_error: BaseException | None = None
+        self._c_alloc, self._c_free = _ALLOC(self._alloc), _FREE(self._free)
+        self.allocator = make(ctypes.cast(self._c_alloc, ctypes.c_void_p).value,
+                              ctypes.cast(self._c_free, ctypes.c_void_p).value)
+        _keep.append(self)
+
+    def _stream(self, handle: int | None) -> Stream:
+        if not handle:
+            return DEFAULT_STREAM
+        s = self._streams.get(handle)
+        if s is None:  # PyTorch's streams come from pools it never destroys: remember each once
+            s = self._streams[handle] = Stream.wrap(handle)
+        return s
+
+    def _alloc(self, size, device, stream):
+        """PyTorch's ``alloc``: a pointer, or NULL (PyTorch then frees its cache and retries or raises)."""
+        try:
+            mr = self.resource if self.resource is not None else get_current_resource(device)
+            if self.resource is not None and (mr.device_id or 0) != device:
+                raise ValueError(f"PyTorch asked for device {device}, but this allocator serves device "
+                                 f"{mr.device_id or 0} ({mr!r})")
+            s = self._stream(stream)
+            ptr = mr.allocate(size, s)
+        except BaseException as exc:  # noqa: BLE001 - nothing may escape a C callback
+            with self._lock:
+                self.failures += 1
+                self.last_error = exc
+            return None
+        with self._lock:
+            self._live[ptr] = (mr, size, s)
+            self.live_bytes += size
+        return ptr
+
+    def _free(self, ptr, size, device, stream):
+        """PyTorch's ``free``: the block goes back on the stream it was allocated on."""
+        with self._lock:
+            entry = self._live.pop(ptr or 0, None)
+            if entry is None:
+                self.foreign_frees += 1
+                return
+            self.live_bytes -= entry[1]
+        try:
+            entry[0].deallocate(ptr, entry[1], entry[2])
+        except BaseException as exc:  # noqa: BLE001 - nothing may escape a C callback
+            self.last_error = exc
+
+    def __repr__(self) -> str:
+        what = repr(self.resource) if self.resource is not None else "the current resource of each device"
+        return f"<mrkit.torch allocator over {what}: {self.live_bytes} bytes live>"
+
+
+def allocator(mr: MemoryResource | None = None) -> TorchAllocator:
+    """A :class:`TorchAllocator` over ``mr`` (default: the current resource of each device)."""
+    return TorchAllocator(mr)
+
+
+@contextmanager
+def pool(mr: MemoryResource | None = None, *, device=None):
+    """``with mrkit.torch.pool(mr) as p:`` — PyTorch allocations on ``device`` (default: the current
+    one) inside the block come from a ``torch.cuda.MemPool`` whose segments mrkit supplies. Yields the
+    ``MemPool`` (its ``.mrkit`` attribute is the :class:`TorchAllocator`). Tensors made inside stay
+    valid after the block."""
+    torch = _torch()
+    MemPool = _internal(torch, "torch.cuda.MemPool")
+    use_mem_pool = _internal(torch, "torch.cuda.use_mem_pool")
+    alloc = allocator(mr)
+    mp = MemPool(alloc.allocator)
+    mp.mrkit = alloc
+    _keep.append(mp)  # PyTorch frees the pool's segments through mrkit when it empties it, even later
+    try:
+        with use_mem_pool(mp, device=device):
+            yield mp
+    except torch.cuda.OutOfMemoryError as exc:
+        if alloc.last_error is not None and hasattr(exc, "add_note"):
+            exc.add_note(f"mrkit: {alloc.last_error}")
+        raise
+
+
+def install(mr: MemoryResource | None = None) -> TorchAllocator:
+    """Make mrkit PyTorch's CUDA allocator for the whole process; must run before PyTorch's first
+    CUDA allocation (``RuntimeError`` otherwise, saying so). Prefer :func:`pool` (see the module
+    docstring for what whole replacement gives up)."""
+    torch = _torch()
+    change = _internal(torch, "torch._C._cuda_changeCurrentAllocator")
+    alloc = allocator(mr)
+    try:
+        change(alloc.allocator)
+    except RuntimeError as exc:
+        raise RuntimeError("mrkit.torch.install() must run before PyTorch's first CUDA allocation "
+                           f"(PyTorch says: {exc}); use `with mrkit.torch.pool(...)` instead") from None
+    return alloc
+
+
+def oom_reason(alloc: TorchAllocator) -> str | None:
+    """mrkit's reason for the latest refused allocation, if it was an out-of-memory."""
+    err = alloc.last_error
+    return str(err) if isinstance(err, OutOfMemoryError) else None

@@ -1,0 +1,152 @@
+"""PyTorch with mrkit on a real GPU, one case per process (``python tests/gpu_torch_cases.py CASE``):
+process-wide installation needs a fresh process, and a lock-order deadlock must hang only its own
+process, which tests/test_gpu_torch.py then reports. Each case prints ``ok`` and facts on success."""
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+
+import torch
+
+import mrkit
+import mrkit.torch as mt
+from mrkit import DeviceMemoryResource, LimitingAdaptor, PoolResource, StatisticsAdaptor
+
+
+def _train(steps: int = 12, threads_backward: bool = False) -> list[float]:
+    """A small MLP's losses over ``steps`` SGD steps from a fixed seed (deterministic on one GPU)."""
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                torch.nn.ReLU(), torch.nn.Linear(512, 10)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x = torch.randn(1024, 256, device="cuda")
+    y = torch.randint(0, 10, (1024,), device="cuda")
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()  # autograd runs the backward pass on its own device thread
+        opt.step()
+        losses.append(float(loss))
+    return losses
+
+
+def case_training_same_loss_in_a_pool():
+    want = _train()
+    mr = StatisticsAdaptor(PoolResource(DeviceMemoryResource(0)))
+    with mt.pool(mr) as mp:
+        got = _train()
+        stats = torch.cuda.memory_stats()  # PyTorch's own statistics keep working
+    assert got == want, (got, want)
+    assert mr.statistics.total_count > 0 and mp.mrkit.live_bytes > 0
+    assert stats["allocated_bytes.all.peak"] > 0
+    print(f"ok losses equal over {len(got)} steps; mrkit supplied {mr.statistics.total_count} segments")
+
+
+def case_training_same_loss_installed():
+    a = mt.install(StatisticsAdaptor(PoolResource(DeviceMemoryResource(0))))
+    got = _train()
+    assert a.resource.statistics.total_count > 50 and a.failures == 0
+    print("ok", ",".join(f"{v:.9g}" for v in got))  # compared by the test with PyTorch's own run
+
+
+def case_training_reference():
+    print("ok", ",".join(f"{v:.9g}" for v in _train()))
+
+
+def _stress(in_pool: bool, n: int = 3000) -> None:
+    """Two threads: one allocating tensors (through mrkit: PyTorch holds its allocator lock and then
+    needs the GIL for mrkit's callback), one dropping them while holding the GIL (PyTorch's free then
+    needs its allocator lock): the lock-order hazard of pytorch 97833."""
+    errors, made = [], []
+    ready = threading.Barrier(2)
+    mp = torch.cuda.MemPool(mt.allocator(PoolResource(DeviceMemoryResource(0))).allocator) if in_pool else None
+
+    def allocating():
+        try:
+            ready.wait()
+            with torch.cuda.use_mem_pool(mp) if mp is not None else contextlib.nullcontext():
+                for i in range(n):
+                    made.append(torch.empty((i % 97 + 1) * 4096, dtype=torch.uint8, device="cuda"))
+                    if i % 64 == 63:
+                        torch.cuda.empty_cache()  # segments go back to mrkit too
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def freeing():
+        try:
+            ready.wait()
+            for _ in range(4 * n):
+                try:
+                    made.pop(0)  # the last reference: freed here, with the GIL held
+                except IndexError:
+                    pass
+        except Exception as exc:  # pragma: no cover
+            errors.append(exc)
+    ts = [threading.Thread(target=allocating), threading.Thread(target=freeing)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    made.clear()
+    torch.cuda.synchronize()
+    assert not errors, errors
+
+
+def case_two_threads_pool():
+    _stress(True)
+    print("ok two threads, mrkit pool under torch.cuda.MemPool: no deadlock")
+
+
+def case_two_threads_installed():
+    mt.install()
+    _stress(False)
+    print("ok two threads, mrkit installed process-wide: no deadlock")
+
+
+def case_oom_is_typed():
+    mr = LimitingAdaptor(PoolResource(DeviceMemoryResource(0)), 64 << 20)
+    with mt.pool(mr) as mp:
+        small = torch.ones(1 << 20, device="cuda")
+        try:
+            torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        except torch.cuda.OutOfMemoryError as exc:
+            notes = getattr(exc, "__notes__", [])
+            assert any("mrkit:" in n and "limit" in n for n in notes) or sys.version_info < (3, 11), notes
+        else:
+            raise AssertionError("no OutOfMemoryError")
+        assert float(small.sum()) == float(1 << 20) and mp.mrkit.failures >= 1
+    print("ok torch.cuda.OutOfMemoryError with mrkit's reason")
+
+
+def case_install_too_late():
+    torch.ones(10, device="cuda")
+    try:
+        mt.install()
+    except RuntimeError as exc:
+        assert "before PyTorch's first CUDA allocation" in str(exc), exc
+    else:
+        raise AssertionError("install() after PyTorch allocated did not fail")
+    print("ok install() too late says so")
+
+
+def case_cupy_and_torch_share_one_pool():
+    import cupy
+    import mrkit.cupy
+    mr = StatisticsAdaptor(PoolResource(DeviceMemoryResource(0)))
+    mrkit.cupy.install(mr)
+    mt.install(mr)
+    c = cupy.arange(1 << 20, dtype=cupy.float32)
+    t = torch.from_dlpack(c)  # zero-copy both ways
+    assert t.data_ptr() == c.data.ptr
+    t += 1
+    assert float(c[5]) == 6.0
+    u = torch.full((1000,), 3.0, device="cuda")
+    v = cupy.from_dlpack(u)
+    assert v.data.ptr == u.data_ptr() and float(v.sum()) == 3000.0
+    assert mr.statistics.current_bytes >= (4 << 20) + 4000  # both libraries' arrays in the one pool
+    print(f"ok one pool, {mr.statistics.current_count} live blocks from CuPy and PyTorch")
+
+
+if __name__ == "__main__":
+    globals()["case_" + sys.argv[1]]()

@@ -1,0 +1,36 @@
+"""PyTorch with mrkit on the GPU: each case of tests/gpu_torch_cases.py in its own process."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+CASES = Path(__file__).with_name("gpu_torch_cases.py")
+
+
+def _case(name: str, timeout: int = 150) -> str:
+    pytest.importorskip("torch")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    try:
+        r = subprocess.run([sys.executable, str(CASES), name], capture_output=True, text=True, env=env,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{name}: no answer in {timeout} s (a deadlock?)")
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout[-2000:] + r.stderr[-4000:]
+    return r.stdout
+
+
+@pytest.mark.parametrize("name", ["training_same_loss_in_a_pool", "two_threads_pool", "two_threads_installed",
+                                  "oom_is_typed", "install_too_late", "cupy_and_torch_share_one_pool"])
+def test_torch_case(gpu, name):
+    _case(name)
+
+
+def test_training_with_mrkit_installed_gives_pytorchs_losses(gpu):
+    want = _case("training_reference").split()[1]
+    got = _case("training_same_loss_installed").split()[1]
+    assert got == want

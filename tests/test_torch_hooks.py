@@ -1,0 +1,84 @@
+"""mrkit.torch's C callbacks on the simulator, called through ctypes exactly as PyTorch calls them
+(a stand-in ``torch`` records the function pointers it is given); the real PyTorch runs in
+tests/test_gpu_torch.py."""
+from __future__ import annotations
+
+import ctypes
+import sys
+import types
+
+import pytest
+
+import mrkit
+from mrkit import DeviceMemoryResource, LimitingAdaptor, PoolResource, Stream
+
+ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+
+
+def _fake_torch(monkeypatch, *, internals=True):
+    torch = types.ModuleType("torch")
+    torch.__version__ = "0.fake"
+    torch._C = types.SimpleNamespace()
+    torch.cuda = types.SimpleNamespace(OutOfMemoryError=type("OutOfMemoryError", (RuntimeError,), {}))
+    made = []
+    if internals:
+        def custom(alloc_ptr, free_ptr):  # what torch._C._cuda_customAllocator receives: two C addresses
+            made.append((ALLOC(alloc_ptr), FREE(free_ptr)))
+            return ("raw allocator", len(made))
+        torch._C._cuda_customAllocator = custom
+        torch._C._cuda_changeCurrentAllocator = lambda raw: made.append(("installed", raw))
+    torch.made = made
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    return torch
+
+
+def test_the_c_callbacks_allocate_free_and_refuse_like_pytorch_expects(sim, monkeypatch):
+    torch = _fake_torch(monkeypatch)
+    import mrkit.torch as mt
+    mr = LimitingAdaptor(PoolResource(DeviceMemoryResource()), 8 << 20)
+    a = mt.allocator(mr)
+    c_alloc, c_free = torch.made[-1]
+    s = Stream.create()
+    p = c_alloc(1 << 20, 0, s.handle)  # PyTorch: size, device, cudaStream_t
+    q = c_alloc(3000, 0, None)  # the default stream
+    assert p and q and a.live_bytes == (1 << 20) + 3000 and mr.used_bytes == (1 << 20) + 3000
+    sim.touch(p, 1 << 20, s.handle)  # PyTorch's kernel on its stream
+    assert c_alloc(64 << 20, 0, s.handle) is None  # NULL: PyTorch frees its cache and retries or raises
+    assert a.failures == 1 and isinstance(a.last_error, mrkit.OutOfMemoryError)
+    assert c_alloc(100, 1, None) is None and "device 1" in str(a.last_error)  # not this resource's device
+    c_free(p, 1 << 20, 0, s.handle)
+    c_free(q, 3000, 0, None)
+    c_free(0xdead000, 64, 0, None)  # a pointer never handed out: counted, never raised into C
+    assert a.live_bytes == 0 and mr.used_bytes == 0 and a.foreign_frees == 1
+
+
+def test_install_and_pool_fail_clearly_without_pytorchs_internals(sim, monkeypatch):
+    _fake_torch(monkeypatch, internals=False)
+    import mrkit.torch as mt
+    with pytest.raises(RuntimeError, match=r"no torch\._C\._cuda_changeCurrentAllocator"):
+        mt.install()
+    with pytest.raises(RuntimeError, match=r"no torch\._C\._cuda_customAllocator"):
+        mt.allocator()
+    with pytest.raises(RuntimeError, match=r"no torch\._C\._cuda_customAllocator|no torch\.cuda\.MemPool"):
+        with mt.pool():
+            pass
+    _fake_torch(monkeypatch)
+    with pytest.raises(RuntimeError, match=r"no torch\.cuda\.MemPool"):
+        with mt.pool():
+            pass
+
+
+def test_install_hands_pytorch_the_allocator_and_reports_too_late(sim, monkeypatch):
+    torch = _fake_torch(monkeypatch)
+    import mrkit.torch as mt
+    a = mt.install()
+    assert torch.made[-1] == ("installed", a.allocator)
+
+    def too_late(raw):
+        raise RuntimeError("Can't swap an already initialized allocator")
+    torch._C._cuda_changeCurrentAllocator = too_late
+    with pytest.raises(RuntimeError, match=r"before PyTorch's first CUDA allocation.*already initialized"):
+        mt.install()
+    with pytest.raises(TypeError, match="mr must be"):
+        mt.allocator("pool(device)")
