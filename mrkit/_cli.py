@@ -10,6 +10,7 @@ from importlib import metadata
 
 from ._errors import CUDAUnavailableError, StreamOrderViolation
 from ._sizes import format_size
+from ._ui import grid as _grid, progress as _progress, table as _table
 
 __all__ = ["main"]
 
@@ -133,62 +134,6 @@ def _demo_driver(backend: str | None):
     if backend == "cuda":
         raise CUDAUnavailableError("CUDA_NO_DEVICE", None, "cuDeviceGetCount", "the CUDA driver reports no device")
     return SimDriver(policy="random", seed=7)
-
-
-def _progress(total: int, label: str, quiet: bool):
-    """A rich progress bar where rich is installed and the output is a terminal or forced; a no-op
-    otherwise. Returns (context manager, advance(n) function)."""
-    import contextlib
-    if quiet:
-        return contextlib.nullcontext(), lambda n=1: None
-    try:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    except ImportError:
-        return contextlib.nullcontext(), lambda n=1: None
-    prog = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), transient=False)
-    task = prog.add_task(label, total=total)
-    return prog, lambda n=1: prog.advance(task, n)
-
-
-def _table(title: str, rows: list[tuple[str, str]], out) -> None:
-    """Two-column summary: a rich table when rich is installed, plain aligned text otherwise."""
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        print(title, file=out)
-        width = max(len(k) for k, _ in rows)
-        for k, v in rows:
-            print(f"  {k:<{width}}  {v}", file=out)
-        return
-    t = Table(title=title, title_justify="left")
-    t.add_column("measure")
-    t.add_column("value", justify="right")
-    for k, v in rows:
-        t.add_row(k, v)
-    Console(file=out, width=100).print(t)
-
-
-def _grid(title: str, columns: list[str], rows: list[list[str]], out) -> None:
-    """A table with several columns: rich where installed, plain aligned text otherwise."""
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        print(title, file=out)
-        widths = [max(len(str(r[i])) for r in [columns] + rows) for i in range(len(columns))]
-        for r in [columns] + rows:
-            print("  " + "  ".join(f"{str(c):<{w}}" for c, w in zip(r, widths)), file=out)
-        return
-    console = Console(file=out, width=160)
-    console.print(f"[bold]{title}[/bold]", highlight=False)
-    t = Table()
-    for i, c in enumerate(columns):
-        t.add_column(c, justify="left" if i == 0 else "right")
-    for r in rows:
-        t.add_row(*map(str, r))
-    console.print(t)
 
 
 def _wants_progress(args, out) -> bool:
