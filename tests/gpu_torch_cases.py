@@ -106,17 +106,17 @@ def case_two_threads_installed():
 
 def case_oom_is_typed():
     mr = LimitingAdaptor(PoolResource(DeviceMemoryResource(0)), 64 << 20)
-    with mt.pool(mr) as mp:
-        small = torch.ones(1 << 20, device="cuda")
-        try:
+    try:
+        with mt.pool(mr) as mp:
+            small = torch.ones(1 << 20, device="cuda")
             torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-        except torch.cuda.OutOfMemoryError as exc:
-            notes = getattr(exc, "__notes__", [])
-            assert any("mrkit:" in n and "limit" in n for n in notes) or sys.version_info < (3, 11), notes
-        else:
-            raise AssertionError("no OutOfMemoryError")
-        assert float(small.sum()) == float(1 << 20) and mp.mrkit.failures >= 1
-    print("ok torch.cuda.OutOfMemoryError with mrkit's reason")
+    except torch.cuda.OutOfMemoryError as exc:
+        notes = getattr(exc, "__notes__", [])
+        assert sys.version_info < (3, 11) or any(n.startswith("mrkit:") for n in notes), notes
+    else:
+        raise AssertionError("no OutOfMemoryError")
+    assert float(small.sum()) == float(1 << 20) and mp.mrkit.failures >= 1  # the pool still works
+    print("ok torch.cuda.OutOfMemoryError with mrkit's reason:", notes[-1][:120] if notes else "")
 
 
 def case_install_too_late():

@@ -1,6 +1,7 @@
 """Package surface, errors, sizes, streams, Buffer, current resources, the CLI, the cuda backend without a driver."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import weakref
@@ -221,10 +222,15 @@ def test_cli_replay_compares_resources(tmp_path, capsys):
                    "1,1.0,allocate,0x1000,4096,0x0\n1,1.1,allocate,0x3000,1000,0x0\n"
                    "1,1.2,free,0x1000,4096,0x0\n1,1.3,free,0x3000,1000,0x0\n")
     assert main(["replay", str(log), "--backend", "sim", "--resource", "statistics(pool(cuda))",
-                 "--resource", "device"]) == 0
+                 "--resource", "device", "--json"]) == 0
     out = capsys.readouterr().out
-    assert "4 events" in out and "| statistics(pool(cuda)) |" in out and "| device |" in out
-    assert "| 5.0 KiB |" in out  # peak live: 4096 + 1000 bytes
+    assert out.startswith("4 events")
+    doc = json.loads(out[out.index("{"):])
+    assert [r["resource"] for r in doc["results"]] == ["statistics(pool(cuda))", "device"]
+    assert all(r["peak_live_bytes"] == 5096 for r in doc["results"])  # 4096 + 1000 bytes
+    assert main(["replay", str(log), "--backend", "sim", "--resource", "device"]) == 0
+    table = capsys.readouterr().out
+    assert "replay summary" in table and "5.0 KiB" in table
 
 
 def test_python_dash_m_mrkit():

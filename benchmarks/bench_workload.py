@@ -1,0 +1,220 @@
+"""Real workloads, every allocator in a fresh process per case, footprint counted by the driver.
+
+RMM's random-allocation workload: sizes uniform in [1, max] for max = 64 MiB, 1 GiB and 4 GiB; the
+live bytes first grow to the cap (16 GiB), then allocations and frees alternate at random (50/50, a
+random live block freed), ``--ops`` operations in all. Each case runs twice in its own process: a
+first pass samples ``cuMemGetInfo`` after every allocation (the footprint: peak device memory in use
+by the driver's count, minus what was in use before the allocator existed, over the peak live
+bytes), a second pass is timed (us per operation, warm). Fragmentation: the same workload with sizes
+up to 1 GiB and the cap at 90 % and 95 % of the device's memory: which allocators finish without
+running out of memory, at what cost.
+
+    python benchmarks/bench_workload.py [--ops 4000] [--json out.json] [--plot out.png]
+    python benchmarks/bench_workload.py --case "mrkit pool" --max-size 1GiB --cap 16GiB   (one case)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+GiB, MiB = 1 << 30, 1 << 20
+ALLOCATORS = ["mrkit pool", "mrkit vmm", "mrkit vmm footprint_limit=1.1", "cupy MemoryPool",
+              "torch caching", "torch expandable segments"]
+
+
+def plan(ops: int, max_size: int, cap: int, seed: int = 7) -> list[tuple]:
+    rng = random.Random(seed)
+    steps, live, cur = [], [], 0
+    filling = True
+    while len(steps) < ops:
+        n = rng.randint(1, max_size)
+        if filling and cur + n > cap:
+            filling = False
+        if live and (not filling and (rng.random() < 0.5 or cur + n > cap)):
+            k, m = live.pop(rng.randrange(len(live)))
+            steps.append(("f", m, k))
+            cur -= m
+        elif cur + n <= cap:
+            steps.append(("a", n, len(steps)))
+            live.append((len(steps) - 1, n))
+            cur += n
+    return steps
+
+
+def _used(cuda) -> int:
+    free, total = cuda.cuMemGetInfo()[1:]
+    return total - free
+
+
+def _make(name: str):
+    """(alloc(n) -> handle, free(handle, n), close(), moves()) for allocator ``name``."""
+    if name.startswith("mrkit"):
+        import mrkit
+        s = mrkit.DEFAULT_STREAM
+        if name == "mrkit pool":
+            mr = mrkit.PoolResource(mrkit.DeviceMemoryResource(0))
+        else:
+            opts = {"footprint_limit": 1.1} if "footprint_limit" in name else {}
+            mr = mrkit.VirtualMemoryResource(0, mrkit.VirtualMemoryResourceOptions(reserve_size=512 * GiB, **opts))
+        a, d = mr.allocate, mr.deallocate
+        return (lambda n: a(n, s)), (lambda p, n: d(p, n, s)), mr.close, (lambda: getattr(mr, "moves", 0))
+    if name == "cupy MemoryPool":
+        import cupy
+        pool = cupy.cuda.MemoryPool()
+        return pool.malloc, (lambda h, n: None), pool.free_all_blocks, (lambda: 0)
+    if name.startswith("torch"):
+        import torch
+        ca, cd = torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete
+        return ca, (lambda h, n: cd(h)), torch.cuda.empty_cache, (lambda: 0)
+    raise ValueError(name)
+
+
+def one_case(name: str, max_size: int, cap: int, ops: int) -> dict:
+    """Run one case in this process (see the module docstring)."""
+    from cuda.bindings import driver as cuda
+    import mrkit
+    mrkit.get_driver()  # a context on device 0
+    if name.startswith("torch"):
+        import torch
+        torch.cuda.init()
+    if name.startswith("cupy"):
+        import cupy
+        cupy.cuda.Device(0).use()
+    cuda.cuCtxSynchronize()
+    base = _used(cuda)
+    steps = plan(ops, max_size, cap)
+    alloc, free, close, moves = _make(name)
+    out = {"allocator": name, "max_size": max_size, "cap": cap, "ops": len(steps), "finished": True}
+    sizes = {k: n for kind, n, k in steps if kind == "a"}
+    peak_live = peak_used = 0
+    for sample in (True, False):
+        handles, cur, done = {}, 0, 0
+        t0 = time.perf_counter()
+        try:
+            for done, (kind, n, k) in enumerate(steps):
+                if kind == "a":
+                    handles[k] = alloc(n)
+                    cur += n
+                    if sample:
+                        peak_live = max(peak_live, cur)
+                        peak_used = max(peak_used, _used(cuda) - base)
+                else:
+                    free(handles.pop(k), n)
+                    cur -= n
+        except Exception as exc:  # noqa: BLE001 - out of memory, whatever the library calls it
+            out.update(finished=False, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
+                       done_ops=done, live_at_failure=cur)
+            for k, h in list(handles.items()):
+                free(h, sizes[k])
+            break
+        dt = time.perf_counter() - t0
+        if not sample:
+            out["us_per_op"] = dt * 1e6 / len(steps)
+        for k, h in list(handles.items()):
+            free(h, sizes[k])
+    out["peak_live"] = peak_live
+    out["footprint"] = peak_used / peak_live if peak_live else None
+    out["moves"] = moves()
+    out["moves_per_op"] = out["moves"] / (2 * len(steps))
+    close()
+    return out
+
+
+def _run_case(name, max_size, cap, ops, timeout):
+    env = dict(os.environ)
+    if name == "torch expandable segments":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    cmd = [sys.executable, __file__, "--case", name, "--max-size", str(max_size), "--cap", str(cap),
+           "--ops", str(ops)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"allocator": name, "max_size": max_size, "cap": cap, "finished": False, "error": f"timeout {timeout}s"}
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"allocator": name, "max_size": max_size, "cap": cap, "finished": False,
+                "error": (r.stderr.strip().splitlines() or ["no output"])[-1][:200]}
+
+
+def _size(text: str) -> int:
+    from mrkit import parse_size
+    return parse_size(text)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case")
+    ap.add_argument("--max-size", type=_size)
+    ap.add_argument("--cap", type=_size, default=16 * GiB)
+    ap.add_argument("--ops", type=int, default=4000)
+    ap.add_argument("--only", action="append", help="allocators to run (default: all)")
+    ap.add_argument("--timeout", type=int, default=120)
+    ap.add_argument("--no-fragmentation", action="store_true")
+    ap.add_argument("--json")
+    ap.add_argument("--plot")
+    args = ap.parse_args(argv)
+    if args.case:
+        print(json.dumps(one_case(args.case, args.max_size, args.cap, args.ops)))
+        return
+    from cuda.bindings import driver as cuda
+    cuda.cuInit(0)
+    total = cuda.cuDeviceTotalMem(cuda.cuDeviceGet(0)[1])[1]
+    names = args.only or ALLOCATORS
+    rows = []
+    for max_size in (64 * MiB, 1 * GiB, 4 * GiB):
+        for name in names:
+            rows.append(_run_case(name, max_size, 16 * GiB, args.ops, args.timeout))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    if not args.no_fragmentation:
+        for frac in (0.90, 0.95):
+            for name in names:
+                r = _run_case(name, 1 * GiB, int(total * frac), args.ops, args.timeout)
+                r["cap_fraction"] = frac
+                rows.append(r)
+                print(json.dumps(r), file=sys.stderr, flush=True)
+    print("| allocator | " + " | ".join(f"≤ {m} µs/op, footprint" for m in ("64 MiB", "1 GiB", "4 GiB")) +
+          " | 90 % of memory | 95 % of memory |")
+    print("|---" * 6 + "|")
+    for name in names:
+        cells = []
+        for r in rows:
+            if r["allocator"] != name:
+                continue
+            if not r.get("finished"):
+                cells.append(f"OOM ({r.get('error', '')[:40]})" if "cap_fraction" in r else "failed")
+            else:
+                mv = f", {r['moves_per_op']:.2f} moves/op" if r.get("moves") else ""
+                cells.append(f"{r['us_per_op']:.2f} µs, {r['footprint']:.2f}×{mv}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device_total": total, "ops": args.ops, "rows": rows}, f, indent=1)
+    if args.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+        marks = {64 * MiB: "o", 1 * GiB: "s", 4 * GiB: "^"}
+        for i, name in enumerate(names):
+            pts = [r for r in rows if r["allocator"] == name and "cap_fraction" not in r and r.get("finished")]
+            for r in pts:
+                ax.scatter(r["us_per_op"], r["footprint"], marker=marks[r["max_size"]], color=f"C{i}",
+                           label=name if r is pts[0] else None)
+        ax.set_xscale("log")
+        ax.set_xlabel("µs per operation (warm; log scale)")
+        ax.set_ylabel("peak device memory / peak live")
+        ax.set_title("random workload: ○ ≤64 MiB  □ ≤1 GiB  △ ≤4 GiB")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(args.plot)
+
+
+if __name__ == "__main__":
+    main()
