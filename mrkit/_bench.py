@@ -40,21 +40,30 @@ def workload_plan(name: str, ops: int, cap: int, seed: int = 0) -> list[tuple]:
             plan.extend(("f", first + k, 0) for k in range(len(sizes)))
         return plan
     top = max(12, min(26, (cap // 16).bit_length() - 1))
+    plan = random_plan(ops, top, cap, streams=4 if name == "streams" else 1, seed=seed)
+    live = set(range(len(plan))) - {a for kind, a, _ in plan if kind == "f"}
+    plan.extend(("f", k, 0) for k in sorted(k for k in live if plan[k][0] == "a"))
+    return plan
+
+
+def random_plan(ops: int, top_bits: int, cap: int, *, streams: int = 1, p_free: float = 0.5,
+                seed: int = 0) -> list[tuple]:
+    """``ops`` steps: log-uniform sizes from 256 B to ``2**top_bits``, stream ``i % streams``; a random
+    live block freed with probability ``p_free`` (or when the next size would pass ``cap``)."""
+    rng = random.Random(seed)
+    plan: list[tuple] = []
     live: list[int] = []
     used = 0
-    nstreams = 4 if name == "streams" else 1
     for i in range(ops):
-        n = int(2 ** rng.uniform(8, top))
-        if live and (rng.random() < 0.5 or used + n > cap):
+        n = int(2 ** rng.uniform(8, top_bits))
+        if live and (rng.random() < p_free or used + n > cap):
             k = live.pop(rng.randrange(len(live)))
             used -= plan[k][1]
             plan.append(("f", k, 0))
         else:
             live.append(len(plan))
             used += n
-            plan.append(("a", n, i % nstreams))
-    for k in live:
-        plan.append(("f", k, 0))
+            plan.append(("a", n, i % streams))
     return plan
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import random
 import sys
 import time
 from importlib import metadata
@@ -148,19 +147,8 @@ def demo_workload(drv, ops: int, seed: int = 0):
     free, _ = drv.mem_get_info(0)
     cap = max(1 << 20, free // 4)
     biggest = max(1 << 12, min(4 << 20, cap // 64))
-    rng = random.Random(seed)
-    plan, live, used = [], [], 0
-    for i in range(ops):
-        n = int(2 ** rng.uniform(8, biggest.bit_length() - 1))
-        if live and (rng.random() < 0.45 or used + n > cap):
-            k = live.pop(rng.randrange(len(live)))
-            used -= plan[k][1]
-            plan.append(("f", k, 0))
-        else:
-            live.append(len(plan))
-            used += n
-            plan.append(("a", n, i % 4))
-    return plan
+    from ._bench import random_plan
+    return random_plan(ops, biggest.bit_length() - 1, cap, streams=4, p_free=0.45, seed=seed)
 
 
 def _demo_plot_path(args):

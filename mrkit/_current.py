@@ -146,10 +146,4 @@ def rebuild_all(factory) -> None:
 
 
 def _reset_current_resources() -> None:
-    global _factory
-    with _current_lock:
-        devices = list(_current)
-        _current.clear()
-        _factory = None
-    for dev in devices:
-        _changed(dev)
+    rebuild_all(None)
