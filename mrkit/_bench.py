@@ -24,7 +24,6 @@ def workload_plan(name: str, ops: int, cap: int, seed: int = 0) -> list[tuple]:
     streams: as random, on four streams round-robin (each block freed on its own stream)."""
     if name not in WORKLOADS:
         raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, got {name!r}")
-    rng = random.Random(seed)
     plan: list[tuple] = []
     if name == "pairs":
         sizes = (256, 64 << 10, 1 << 20)

@@ -9,7 +9,6 @@ import threading
 
 import torch
 
-import mrkit
 import mrkit.torch as mt
 from mrkit import DeviceMemoryResource, LimitingAdaptor, PoolResource, StatisticsAdaptor
 
