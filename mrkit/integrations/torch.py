@@ -150,6 +150,7 @@ def pool(mr: MemoryResource | None = None, *, device=None):
     torch = _torch()
     MemPool = _internal(torch, "torch.cuda.MemPool")
     use_mem_pool = _internal(torch, "torch.cuda.use_mem_pool")
+    _release_lock_around_segments(torch)
     alloc = allocator(mr)
     mp = MemPool(alloc.allocator)
     mp.mrkit = alloc
@@ -161,6 +162,15 @@ def pool(mr: MemoryResource | None = None, *, device=None):
         if alloc.last_error is not None and hasattr(exc, "add_note"):
             exc.add_note(f"mrkit: {alloc.last_error}")
         raise
+
+
+def _release_lock_around_segments(torch) -> None:
+    """Ask PyTorch's caching allocator to drop its lock while it gets a new segment (its
+    ``release_lock_on_cudamalloc`` setting), so mrkit's callback, which needs the GIL, never waits
+    for it while holding that lock, which a thread freeing a tensor under the GIL may be waiting for."""
+    settings = getattr(getattr(torch.cuda, "memory", None), "_set_allocator_settings", None)
+    if settings is not None:
+        settings("release_lock_on_cudamalloc:True")
 
 
 def install(mr: MemoryResource | None = None) -> TorchAllocator:
