@@ -77,8 +77,9 @@ def _make(name: str):
 def one_case(name: str, max_size: int, cap: int, ops: int) -> dict:
     """Run one case in this process (see the module docstring)."""
     from cuda.bindings import driver as cuda
-    import mrkit
-    mrkit.get_driver()  # a context on device 0
+    cuda.cuInit(0)
+    ctx = cuda.cuDevicePrimaryCtxRetain(cuda.cuDeviceGet(0)[1])[1]
+    cuda.cuCtxSetCurrent(ctx)  # cuMemGetInfo needs a current context on this thread
     if name.startswith("torch"):
         import torch
         torch.cuda.init()

@@ -7,7 +7,19 @@ import pytest
 EXAMPLES = sorted((pathlib.Path(__file__).parent.parent / "examples").glob("*.py"))
 
 
+@pytest.fixture
+def restore_cupy_allocator():
+    """An example may make mrkit CuPy's allocator: later tests get CuPy's own back."""
+    import sys
+    cupy = sys.modules.get("cupy")
+    old = cupy.cuda.get_allocator() if cupy is not None and hasattr(cupy.cuda, "get_allocator") else None
+    yield
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and hasattr(cupy.cuda, "set_allocator"):
+        cupy.cuda.set_allocator(old if old is not None else cupy.get_default_memory_pool().malloc)
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_example_runs(path, capsys):
+def test_example_runs(path, capsys, restore_cupy_allocator):
     runpy.run_path(str(path), run_name="__main__")
     assert capsys.readouterr().out.strip()

@@ -14,21 +14,30 @@ export PYTHONPATH=$PWD:/tmp/dk
 # the kit under `gpu`, in the background
 python3 -m pytest -q -p no:cacheprovider --collect-only -k "state_machine and not rejects" tests/test_kit.py | grep '::' > /tmp/kit_ids.txt
 SHARDS=${KIT_SHARDS:-8}
-for i in $(seq 0 $((SHARDS - 1))); do
+[ "$SHARDS" -gt 0 ] && for i in $(seq 0 $((SHARDS - 1))); do
   awk -v n="$SHARDS" -v i="$i" 'NR % n == i' /tmp/kit_ids.txt > /tmp/kit_shard_$i.txt
   (HYPOTHESIS_PROFILE=gpu timeout ${KIT_BUDGET:-240} xargs -d '\n' -a /tmp/kit_shard_$i.txt \
     python3 -X faulthandler -m pytest -q -p no:cacheprovider > /tmp/kit_$i.txt 2>&1) &
 done
-HYPOTHESIS_PROFILE=dev timeout ${THREAD_BUDGET:-100} python3 -X faulthandler -m pytest -q -p no:cacheprovider -rxs \
+[ "${THREADS:-1}" = 1 ] && HYPOTHESIS_PROFILE=dev timeout ${THREAD_BUDGET:-100} python3 -X faulthandler -m pytest -q -p no:cacheprovider -rxs \
   tests/test_threads.py -k gpu > "$OUT/threads.txt" 2>&1
-tail -1 "$OUT/threads.txt"
+[ -f "$OUT/threads.txt" ] && tail -1 "$OUT/threads.txt"
+# the suite: the GPU-integration files each in a process of its own (-v: a crash names its test)
+INTEG="tests/test_gpu_integrations.py tests/test_gpu_torch.py tests/test_gpu_dask.py tests/test_examples.py"
+IGN=""; for f in $INTEG; do IGN="$IGN --ignore=$f"; done
 HYPOTHESIS_PROFILE=dev MRKIT_THREAD_OPS=2000 timeout ${TEST_BUDGET:-280} python3 -X faulthandler -m pytest -q \
-  -p no:cacheprovider --timeout=150 -rxs --ignore=tests/test_mutations.py \
+  -p no:cacheprovider --timeout=150 -rxs --ignore=tests/test_mutations.py $IGN \
   --deselect tests/test_threads.py::test_eight_threads_with_release_every_millisecond_on_the_gpu \
-  ${TESTS:-tests/} > "$OUT/pytest.txt" 2>&1
-grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -20; tail -1 "$OUT/pytest.txt"
+  tests/ > "$OUT/pytest.txt" 2>&1 &
+for f in $INTEG; do
+  echo "=== $f" >> /tmp/integ.txt
+  HYPOTHESIS_PROFILE=dev timeout ${INTEG_BUDGET:-200} python3 -X faulthandler -m pytest -v -p no:cacheprovider \
+    --timeout=170 -rxs --tb=short $f 2>&1 | grep -v "^Extension modules" >> /tmp/integ.txt
+done
 wait
-for i in $(seq 0 $((SHARDS - 1))); do cat /tmp/kit_$i.txt; done > "$OUT/kit.txt"
+[ "$SHARDS" -gt 0 ] && for i in $(seq 0 $((SHARDS - 1))); do cat /tmp/kit_$i.txt; done > "$OUT/kit.txt"
+cat /tmp/integ.txt >> "$OUT/pytest.txt"
+grep -E "^(FAILED|ERROR)|PASSED|FAILED|SKIPPED| passed| failed|Fatal" "$OUT/pytest.txt" | grep -v "^tests/.*PASSED" | tail -30
 grep -E "^(FAILED|ERROR)" "$OUT/kit.txt" | head; grep -E " in [0-9.]+s" "$OUT/kit.txt"
 echo "tests done at $((SECONDS - T0)) s"
 # benchmarks, each with its own time limit
@@ -36,6 +45,7 @@ LEFT=$(( ${TOTAL_BUDGET:-570} - (SECONDS - T0) ))
 timeout $(( LEFT > 200 ? LEFT - 90 : LEFT / 2 )) python3 benchmarks/bench_workload.py --ops ${OPS:-2000} --timeout 60 \
   --json "$OUT/workload.json" --plot "$OUT/workload.png" >> "$OUT/bench.txt" 2>/tmp/workload.err
 tail -3 /tmp/workload.err >> "$OUT/bench.txt"
+[ "${SMALL_BENCH:-1}" = 1 ] || { echo "all done at $((SECONDS - T0)) s" | tee -a "$OUT/bench.txt"; exit 0; }
 echo "== mrkit bench" >> "$OUT/bench.txt"
 timeout 60 python3 -m mrkit bench --quiet --rounds 3 --ops 20000 >> "$OUT/bench.txt" 2>&1
 timeout 30 python3 -m mrkit bench --quiet --rounds 3 --ops 20000 --resource vmm --workload random >> "$OUT/bench.txt" 2>&1
