@@ -241,3 +241,25 @@ def test_exit_with_live_cupy_arrays_is_silent_and_the_log_is_complete(tmp_path):
     allocs = [e for e in events if e.action == "allocate"]
     frees = [e for e in events if e.action == "free"]
     assert len(allocs) == 79 and sorted(e.pointer for e in frees) == sorted(e.pointer for e in allocs)
+
+
+def test_hooks_and_their_resource_outlive_a_garbage_cycle_holding_a_block(sim4, cupy):
+    # CuPy's memory objects call their free hook from __dealloc__, which for an object in a cycle runs
+    # after the collector cleared the rest of the cycle: the hook and its resource must not be part
+    # of that garbage (a cleared function crashes the interpreter; a cleared adaptor raises)
+    import gc
+    import weakref
+    import mrkit.cupy as mc
+    mr = StatisticsAdaptor(PoolResource(DeviceMemoryResource(0)))
+    fn = mc.allocator(mr)
+    mp = fn(1000)
+    free_ref, mr_ref = weakref.ref(mp.mem._free_func), weakref.ref(mr)
+
+    class Box:
+        pass
+    box = Box()
+    box.box, box.mp, box.fn, box.mr = box, mp, fn, mr
+    del mp, fn, mr, box
+    gc.collect()
+    assert free_ref() is not None and mr_ref() is not None  # kept for the life of the process
+    assert mr_ref().statistics.current_bytes == 0  # the block went back through its hook

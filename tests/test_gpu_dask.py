@@ -7,6 +7,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numba-cuda imported by distributed's cupy serializer
 def test_dask_array_on_a_local_cuda_cluster_uses_mrkit(gpu):
     cupy = pytest.importorskip("cupy")
     dask_cuda = pytest.importorskip("dask_cuda", reason="dask-cuda not installed (the GPU run installs it)")

@@ -374,18 +374,20 @@ class CudaDriver(Driver):
         d = self.d
         adv = self._enum("CUmem_advise", _ADVICE[advice])
         loc = self._location(location)
+        # cuMemAdvise needs a current context: the managed range's device's (a thread with none
+        # got CUDA_ERROR_INVALID_CONTEXT on the H200)
         if hasattr(d, "cuMemAdvise_v2"):  # cuda-bindings 12.x: the location form is *_v2
-            self._check(d.cuMemAdvise_v2(ptr, nbytes, adv, loc), "cuMemAdvise_v2")
+            self._in(self._ptr_dev(ptr), d.cuMemAdvise_v2, (ptr, nbytes, adv, loc), "cuMemAdvise_v2")
         else:  # 13.x: cuMemAdvise takes a CUmemLocation
-            self._check(d.cuMemAdvise(ptr, nbytes, adv, loc), "cuMemAdvise")
+            self._in(self._ptr_dev(ptr), d.cuMemAdvise, (ptr, nbytes, adv, loc), "cuMemAdvise")
 
     def mem_prefetch_async(self, ptr: int, nbytes: int, location, stream: int) -> None:
         d = self.d
         loc = self._location(location)
         if hasattr(d, "cuMemPrefetchAsync_v2"):
-            self._check(d.cuMemPrefetchAsync_v2(ptr, nbytes, loc, 0, stream), "cuMemPrefetchAsync_v2")
+            self._in(self._ptr_dev(ptr), d.cuMemPrefetchAsync_v2, (ptr, nbytes, loc, 0, stream), "cuMemPrefetchAsync_v2")
         else:
-            self._check(d.cuMemPrefetchAsync(ptr, nbytes, loc, 0, stream), "cuMemPrefetchAsync")
+            self._in(self._ptr_dev(ptr), d.cuMemPrefetchAsync, (ptr, nbytes, loc, 0, stream), "cuMemPrefetchAsync")
 
     def pointer_info(self, ptr: int) -> dict:
         d = self.d

@@ -38,7 +38,13 @@ it, allocates that much and reports it as ``mem.size`` (CuPy code may use the sl
 
 _exiting = [False]
 _late = [0, 0]  # frees that arrived during interpreter exit: [accepted, of which could not be done]
-_free_hooks: "weakref.WeakSet" = weakref.WeakSet()  # every free hook handed to CuPy
+_hooks_made: list = []
+"""Every ``(malloc, free)`` pair handed to CuPy, kept for the life of the process. CuPy's memory
+objects hold their free hook and call it from ``__dealloc__``, which for an object in a reference
+cycle runs *after* the garbage collector has cleared the other objects of the cycle: a hook (or the
+resource behind it) that was part of that garbage would be called half torn down (a function whose
+globals were cleared crashes the interpreter). Kept here, they are never garbage; neither are the
+resources they serve (as CuPy's own pools, they live until the process ends)."""
 
 
 def late_frees() -> tuple[int, int]:
@@ -63,7 +69,7 @@ def _at_exit() -> None:
     module globals are gone. (atexit runs before module teardown; a swapped ``__code__`` keeps the very
     function objects CuPy's memory objects hold.)"""
     _exiting[0] = True
-    for fn in list(_free_hooks):
+    for _, fn in list(_hooks_made):
         ns = fn.__globals__
         if "inner" in ns or fn.__closure__:
             continue
@@ -120,7 +126,7 @@ def _hooks(mr: MemoryResource, device: int, get_stream):
         ns["live_pop"] = ns["live"].pop
         hooks = (types.FunctionType(_generic_malloc.__code__, ns, "malloc"),
                  types.FunctionType(_generic_free.__code__, ns, "free"))
-    _free_hooks.add(hooks[1])
+    _hooks_made.append(hooks)
     return hooks
 
 
