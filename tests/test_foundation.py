@@ -261,9 +261,13 @@ def test_cuda_backend_picks_the_location_form_of_advise_and_prefetch(major):
     drv = CudaDriver()
     proxy = _BindingsProxy(major)
     drv._drv = proxy  # the lazily loaded module: no driver is touched
+    entered = []
+    drv._ptr_dev = lambda ptr: 3  # the device owning the managed range
+    drv._in = lambda dev, fn, args, call, nbytes=None: (entered.append((dev, call)), drv._check(fn(*args), call))[1]
     drv.mem_advise(0x1000, 4096, "set_preferred_location", 0)
     drv.mem_prefetch_async(0x1000, 4096, "host", 7)
     (n1, a1), (n2, a2) = proxy.calls
+    assert [dev for dev, _ in entered] == [3, 3]  # both run in the range's device context
     suffix = "_v2" if major == 12 else ""
     assert (n1, n2) == (f"cuMemAdvise{suffix}", f"cuMemPrefetchAsync{suffix}")
     assert a1[3].type == proxy.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE and a1[3].id == 0
