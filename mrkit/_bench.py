@@ -39,16 +39,14 @@ def workload_plan(name: str, ops: int, cap: int, seed: int = 0) -> list[tuple]:
             plan.extend(("f", first + k, 0) for k in range(len(sizes)))
         return plan
     top = max(12, min(26, (cap // 16).bit_length() - 1))
-    plan = random_plan(ops, top, cap, streams=4 if name == "streams" else 1, seed=seed)
-    live = set(range(len(plan))) - {a for kind, a, _ in plan if kind == "f"}
-    plan.extend(("f", k, 0) for k in sorted(k for k in live if plan[k][0] == "a"))
-    return plan
+    return random_plan(ops, top, cap, streams=4 if name == "streams" else 1, seed=seed, drain=True)
 
 
 def random_plan(ops: int, top_bits: int, cap: int, *, streams: int = 1, p_free: float = 0.5,
-                seed: int = 0) -> list[tuple]:
+                seed: int = 0, drain: bool = False) -> list[tuple]:
     """``ops`` steps: log-uniform sizes from 256 B to ``2**top_bits``, stream ``i % streams``; a random
-    live block freed with probability ``p_free`` (or when the next size would pass ``cap``)."""
+    live block freed with probability ``p_free`` (or when the next size would pass ``cap``); with
+    ``drain``, every block still live is freed at the end."""
     rng = random.Random(seed)
     plan: list[tuple] = []
     live: list[int] = []
@@ -63,6 +61,8 @@ def random_plan(ops: int, top_bits: int, cap: int, *, streams: int = 1, p_free: 
             live.append(len(plan))
             used += n
             plan.append(("a", n, i % streams))
+    if drain:
+        plan.extend(("f", k, 0) for k in live)
     return plan
 
 

@@ -178,12 +178,9 @@ def cmd_demo(args, out=None) -> int:
         streams = [Stream.create(0, driver=drv) for _ in range(4)]
         plan = demo_workload(drv, args.ops)
         ptrs: dict[int, int] = {}
-        quiet = getattr(args, "quiet", False) or not (out is sys.stdout and sys.stdout.isatty()) \
-            and not getattr(args, "progress", False)
-        bar, advance = _progress(len(plan), "allocate/free", quiet)
+        bar, advance = _progress(len(plan), "allocate/free", not _wants_progress(args, out))
         from ._plot import Timeline
-        tl = Timeline(per_stream={s.handle: [] for s in streams})
-        live_by = [0] * len(streams)
+        tl = Timeline()
         clock = time.perf_counter
         t0 = clock()
         with bar:
@@ -192,18 +189,11 @@ def cmd_demo(args, out=None) -> int:
                     s = streams[b]
                     p = ptrs[i] = mr.allocate(a, s)
                     drv.touch(p, a, s.handle)  # a kernel writing the block, checked on the simulator
-                    live_by[b] += a
+                    tl.step(clock() - t0, s.handle, a)
                 else:
                     _, n, sidx = plan[a]
                     mr.deallocate(ptrs.pop(a), n, streams[sidx])
-                    live_by[sidx] -= n
-                tl.times.append(clock() - t0)
-                total = sum(live_by)
-                tl.total.append(total)
-                for k, s in enumerate(streams):
-                    tl.per_stream[s.handle].append(live_by[k])
-                if total > tl.peak:
-                    tl.peak, tl.peak_time = total, tl.times[-1]
+                    tl.step(clock() - t0, streams[sidx].handle, -n)
                 if i % 256 == 255:
                     advance(256)
             advance(len(plan) % 256)

@@ -134,13 +134,10 @@ def using(mr: MemoryResource, device: int | None = None):
 def rebuild_all(factory) -> None:
     """Drop every device's current resource and build each again on first use with
     ``factory(device)`` (``None``: the defaults)."""
-    if factory is not None and not callable(factory):
-        raise TypeError(f"factory must be a callable(device) -> MemoryResource, not {type(factory).__name__}")
-    global _factory
     with _current_lock:
+        set_resource_factory(factory)  # checks it first: a bad factory changes nothing
         devices = list(_current)
         _current.clear()
-        _factory = factory
     for dev in devices:
         _changed(dev)
 

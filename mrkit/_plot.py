@@ -30,6 +30,19 @@ class Timeline:
     failures: list[float] = field(default_factory=list)
     """Times of the log's ``allocate failure`` events (out of memory)."""
 
+    def step(self, t: float, stream: int, delta: int) -> None:
+        """Record that at ``t`` the live bytes of ``stream`` changed by ``delta``."""
+        series = self.per_stream.get(stream)
+        if series is None:
+            self.per_stream[stream] = [0] * len(self.times)
+        total = (self.total[-1] if self.total else 0) + delta
+        self.times.append(t)
+        self.total.append(total)
+        for h, series in self.per_stream.items():
+            series.append((series[-1] if series else 0) + (delta if h == stream else 0))
+        if total > self.peak:
+            self.peak, self.peak_time = total, t
+
 
 def memory_timeline(log) -> Timeline:
     """The :class:`Timeline` of a log (a path, a file or a list of :class:`~mrkit.LogEvent`). A free
@@ -41,31 +54,17 @@ def memory_timeline(log) -> Timeline:
         return tl
     t0 = events[0].time
     live: dict[int, tuple[int, int]] = {}
-    cur: dict[int, int] = {}
-    total = 0
     for ev in events:
         t = ev.time - t0
         if ev.action == "allocate failure":
             tl.failures.append(t)
-            continue
-        if ev.action == "allocate":
+        elif ev.action == "allocate":
             live[ev.pointer] = (ev.size, ev.stream)
-            cur[ev.stream] = cur.get(ev.stream, 0) + ev.size
-            total += ev.size
-            if ev.stream not in tl.per_stream:
-                tl.per_stream[ev.stream] = [0] * len(tl.times)
+            tl.step(t, ev.stream, ev.size)
         else:
             entry = live.pop(ev.pointer, None)
-            if entry is None:
-                continue
-            cur[entry[1]] -= entry[0]
-            total -= entry[0]
-        tl.times.append(t)
-        tl.total.append(total)
-        for h, series in tl.per_stream.items():
-            series.append(cur.get(h, 0))
-        if total > tl.peak:
-            tl.peak, tl.peak_time = total, t
+            if entry is not None:
+                tl.step(t, entry[1], -entry[0])
     return tl
 
 

@@ -6,7 +6,7 @@ import operator
 from ._stream import DEFAULT_STREAM, Stream, as_stream, order_after
 from .driver import get_driver
 
-__all__ = ["MemoryResource", "Buffer", "check_request"]
+__all__ = ["MemoryResource", "Buffer", "check_request", "upstream_chain"]
 
 
 # The fast paths test ``alignment is not DEFAULT_ALIGNMENT``: an identity test, as cheap as ``!= 256``,
@@ -34,6 +34,18 @@ def check_request(nbytes, alignment, max_alignment: int) -> int:
     if alignment > max_alignment:
         raise ValueError(f"alignment {alignment} is larger than this resource supports ({max_alignment})")
     return nbytes
+
+
+def upstream_chain(mr) -> list:
+    """``mr`` and the resources below it, following ``upstream`` (adaptors, pools) to the bottom."""
+    chain, seen = [mr], {id(mr)}
+    while hasattr(mr, "upstream"):
+        mr = mr.upstream
+        if id(mr) in seen:
+            break
+        seen.add(id(mr))
+        chain.append(mr)
+    return chain
 
 
 class UpstreamAccess:

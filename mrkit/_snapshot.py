@@ -15,21 +15,13 @@ import pickle
 import re
 
 from ._current import get_current_resource
-from ._resource import MemoryResource
+from ._engine import GRAIN
+from ._resource import MemoryResource, upstream_chain
 from .adaptors import TrackingAdaptor, read_log
 
 __all__ = ["snapshot", "dump_snapshot", "snapshot_from_log"]
 
 _FRAME = re.compile(r'\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>.+)')
-
-
-def _stack(mr):
-    seen, out = set(), []
-    while isinstance(mr, MemoryResource) and id(mr) not in seen:
-        seen.add(id(mr))
-        out.append(mr)
-        mr = getattr(mr, "upstream", None)
-    return out
 
 
 def _frames(stack_text: str | None) -> list[dict]:
@@ -46,7 +38,7 @@ def snapshot(mr: MemoryResource | None = None) -> dict:
     ``{"segments": [...], "device_traces": [[...]]}``. ``ValueError`` if no caching resource (with an
     arena) is in the stack."""
     mr = mr or get_current_resource()
-    layers = _stack(mr)
+    layers = upstream_chain(mr)
     cache = next((r for r in layers if getattr(r, "arena", None) is not None), None)
     if cache is None:
         raise ValueError(f"{mr!r} has no pool, VMM or binning resource to take a snapshot of")
@@ -63,9 +55,9 @@ def snapshot(mr: MemoryResource | None = None) -> dict:
             for size, ptrs in list((st.cache or {}).items()):
                 free += [(p, size, handle) for p in list(ptrs)]
         chunks = sorted(arena.chunks.items())
-    stacks = {}
+    stacks = {}  # ptr -> the stack text captured where it was allocated
     if tracking is not None:
-        stacks = {p: (n, None, stack) for p, (n, stack) in tracking.records().items()}
+        stacks = {p: stack for p, (_, stack) in tracking.records().items()}
     blocks_of: dict[int, list] = {base: [] for base, _ in chunks}
     bases = [b for b, _ in chunks]
     ends = [b + n for b, n in chunks]
@@ -76,9 +68,8 @@ def snapshot(mr: MemoryResource | None = None) -> dict:
 
     traces = []
     for p, n in live.items():
-        size = (n + 255) & -256
-        entry = stacks.get(p)
-        frames = _frames(entry[2]) if entry else []
+        size = -(-n // GRAIN) * GRAIN  # the block the engine holds for it
+        frames = _frames(stacks.get(p))
         b = owner(p)
         if b is not None:
             blocks_of[b].append({"address": p, "size": size, "requested_size": n, "state": "active_allocated",
@@ -88,7 +79,7 @@ def snapshot(mr: MemoryResource | None = None) -> dict:
         b = owner(block)
         if b is not None:
             blocks_of[b].append({"address": block, "size": size, "requested_size": n, "state": "active_allocated",
-                                 "frames": _frames(stacks[ptr][2]) if ptr in stacks else []})
+                                 "frames": _frames(stacks.get(ptr))})
     for p, s, handle in free:
         b = owner(p)
         if b is not None:

@@ -16,6 +16,7 @@ import re
 from distributed import WorkerPlugin
 
 from ._current import get_current_resource
+from ._resource import upstream_chain
 from ._setup import reinitialize
 
 __all__ = ["MrkitSetup", "gather_statistics", "worker_report"]
@@ -91,9 +92,7 @@ def worker_report(dask_worker=None) -> dict:
     resources = getattr(dask_worker, "mrkit_resources", None) or {0: get_current_resource(0)}
     for dev, mr in resources.items():
         row = {"device": dev, "resource": repr(mr), "log": getattr(dask_worker, "mrkit_log", None)}
-        found = mr
-        while found is not None and not isinstance(found, StatisticsAdaptor):
-            found = getattr(found, "upstream", None)
+        found = next((r for r in upstream_chain(mr) if isinstance(r, StatisticsAdaptor)), None)
         if found is not None:
             s = found.statistics
             row.update(current_bytes=s.current_bytes, peak_bytes=s.peak_bytes, total_bytes=s.total_bytes,

@@ -34,15 +34,6 @@ __all__ = ["enable_statistics", "get_statistics", "statistics", "profiler", "rep
            "reset_profiler", "ProfilerRecord", "Scope"]
 
 
-def _adaptor(device: int | None, enable: bool) -> StatisticsAdaptor | None:
-    mr = get_current_resource(device)
-    if isinstance(mr, StatisticsAdaptor):
-        return mr
-    if not enable:
-        return None
-    return enable_statistics(device)
-
-
 def enable_statistics(device: int | None = None) -> StatisticsAdaptor:
     """Make the current resource of ``device`` (default: the current device) count: wrap it in a
     :class:`~mrkit.StatisticsAdaptor` unless it already is one. Returns the adaptor."""
@@ -57,8 +48,8 @@ def enable_statistics(device: int | None = None) -> StatisticsAdaptor:
 def get_statistics(device: int | None = None) -> Statistics | None:
     """The counters of the innermost open scope of ``device``'s current resource (None when that
     resource does not count)."""
-    mr = _adaptor(device, enable=False)
-    return None if mr is None else mr.statistics
+    mr = get_current_resource(device)
+    return mr.statistics if isinstance(mr, StatisticsAdaptor) else None
 
 
 class Scope:
@@ -88,7 +79,7 @@ def statistics(device: int | None = None):
     """``with statistics() as s:`` — the counters of this scope (statistics are enabled on first use).
     Allocations live when the scope opens do not count; nested scopes each see their own peak, and
     an outer scope's peak includes its inner scopes'."""
-    mr = _adaptor(device, enable=True)
+    mr = enable_statistics(device)
     mr.push_counters()
     scope = Scope(mr)
     try:

@@ -32,7 +32,6 @@ import threading
 from contextlib import contextmanager
 
 from .._current import get_current_resource
-from .._errors import OutOfMemoryError
 from .._resource import MemoryResource
 from .._stream import DEFAULT_STREAM, Stream
 
@@ -186,9 +185,3 @@ def install(mr: MemoryResource | None = None) -> TorchAllocator:
         raise RuntimeError("mrkit.torch.install() must run before PyTorch's first CUDA allocation "
                            f"(PyTorch says: {exc}); use `with mrkit.torch.pool(...)` instead") from None
     return alloc
-
-
-def oom_reason(alloc: TorchAllocator) -> str | None:
-    """mrkit's reason for the latest refused allocation, if it was an out-of-memory."""
-    err = alloc.last_error
-    return str(err) if isinstance(err, OutOfMemoryError) else None
