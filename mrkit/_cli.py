@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
+import textwrap
 import time
 from importlib import metadata
 
@@ -236,7 +237,8 @@ def cmd_demo(args, out=None) -> int:
                 return 1
             except StreamOrderViolation as exc:
                 print("  was caught deterministically:", file=out)
-                print("    " + str(exc).splitlines()[0][:160], file=out)
+                print(textwrap.fill(str(exc).splitlines()[0], width=100, initial_indent="    ",
+                                    subsequent_indent="      "), file=out)
             drv.stream_synchronize(a.handle)
             drv.mem_free(p)
     return 0

@@ -10,11 +10,11 @@ from pathlib import Path
 from . import _current
 from ._resource import MemoryResource
 from ._sizes import parse_size
-from ._spec import _device_path, build_resource, parse_spec
+from ._spec import Node, _device_path, build_resource, parse_spec
 from .adaptors import LoggingAdaptor, StatisticsAdaptor, TrackingAdaptor
 from .driver import get_driver
 
-__all__ = ["reinitialize", "KINDS"]
+__all__ = ["reinitialize", "check_arguments", "KINDS"]
 
 KINDS = ("pool", "device", "vmm", "managed", "cuda")
 """Resource kinds :func:`reinitialize` knows by name (besides a spec string or a factory)."""
@@ -22,15 +22,69 @@ KINDS = ("pool", "device", "vmm", "managed", "cuda")
 _owned_logs: list[LoggingAdaptor] = []  # logs the last reinitialize opened; the next one closes them
 
 
-def _fraction_or_size(value, name: str, total: int) -> int | None:
-    """Bytes from an int, a size string or a float fraction (0, 1] of the device's memory."""
+def _fraction_or_size(value, name: str, total: int | None) -> int | None:
+    """Bytes from an int, a size string or a float fraction (0, 1] of the device's memory (``total``;
+    ``None``: only check, a fraction then gives ``None``)."""
     if value is None:
         return None
     if isinstance(value, float):
         if not 0.0 < value <= 1.0:
             raise ValueError(f"{name} as a fraction of device memory must be in (0, 1], got {value}")
-        return int(total * value) & -256
+        return None if total is None else int(total * value) & -256
     return parse_size(value, name)
+
+
+def check_arguments(resource=None, *, devices=None, initial_pool_size=None, maximum_pool_size=None,
+                    release_threshold=None, log_file=None, statistics: bool = False, tracking: bool = False,
+                    cupy: bool = False, numba: bool = False):
+    """Every check of :func:`reinitialize`'s arguments that needs no driver (so a Dask client can make
+    them before sending them to its workers); returns ``(devices as a list or None, make)`` where
+    ``make`` is the parsed spec, the kind, or the factory."""
+    for name, flag in (("statistics", statistics), ("tracking", tracking), ("cupy", cupy), ("numba", numba)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, not {flag!r}")
+    if devices is not None:
+        if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__"):
+            raise TypeError(f"devices must be a list of device ordinals, not {type(devices).__name__}")
+        devices = list(devices)
+        for i, d in enumerate(devices):
+            if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+                raise ValueError(f"devices: {d!r} is not a device ordinal")
+            if d in devices[:i]:
+                raise ValueError(f"devices: {d} is given twice")
+    sized = initial_pool_size is not None or maximum_pool_size is not None
+    if isinstance(resource, str) and resource not in KINDS:
+        try:
+            make = parse_spec(resource)
+        except ValueError as exc:
+            raise ValueError(f"resource: {exc}") from None
+        if sized or release_threshold is not None:
+            raise ValueError("initial_pool_size/maximum_pool_size/release_threshold do not apply to a "
+                             "resource spec: give the sizes in the spec")
+    elif resource is None or isinstance(resource, str):
+        make = resource or "pool"
+        if make in ("vmm", "managed", "cuda") and sized:
+            raise ValueError(f"initial_pool_size/maximum_pool_size do not apply to resource={make!r}")
+        if make in ("pool", "managed", "cuda") and release_threshold is not None:
+            raise ValueError(f"release_threshold does not apply to resource={make!r}")
+        lo = _fraction_or_size(initial_pool_size, "initial_pool_size", None)
+        hi = _fraction_or_size(maximum_pool_size, "maximum_pool_size", None)
+        _fraction_or_size(release_threshold, "release_threshold", None)
+        if hi == 0:
+            raise ValueError("maximum_pool_size must be positive")
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"initial_pool_size ({lo} bytes) exceeds maximum_pool_size ({hi} bytes)")
+    elif callable(resource) and not isinstance(resource, MemoryResource):
+        if sized or release_threshold is not None:
+            raise ValueError("initial_pool_size/maximum_pool_size/release_threshold do not apply to a "
+                             "factory: give the sizes to the resources it builds")
+        make = resource
+    else:
+        raise TypeError(f"resource must be one of {KINDS}, a spec string or a callable(device), "
+                        f"not {type(resource).__name__}")
+    if log_file is not None and not isinstance(log_file, (str, os.PathLike)):
+        raise TypeError(f"log_file must be a path, not {type(log_file).__name__}")
+    return devices, make
 
 
 def _base(kind, device: int, drv, initial, maximum, threshold):
@@ -75,41 +129,26 @@ def reinitialize(resource=None, *, devices=None, initial_pool_size=None, maximum
 
     Arguments are all checked before anything changes: a bad one raises ``ValueError``/``TypeError``
     naming it and leaves every device's resource as it was."""
+    devices, make = check_arguments(resource, devices=devices, initial_pool_size=initial_pool_size,
+                                    maximum_pool_size=maximum_pool_size, release_threshold=release_threshold,
+                                    log_file=log_file, statistics=statistics, tracking=tracking, cupy=cupy,
+                                    numba=numba)
     drv = get_driver()
     count = drv.device_count()
-    for name, flag in (("statistics", statistics), ("tracking", tracking), ("cupy", cupy), ("numba", numba)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be True or False, not {flag!r}")
-    if devices is not None:
-        if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__"):
-            raise TypeError(f"devices must be a list of device ordinals, not {type(devices).__name__}")
-        devices = list(devices)
-        for d in devices:
-            if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < count:
-                raise ValueError(f"devices: {d!r} is not a device ordinal (this machine has {count})")
-    sized = initial_pool_size is not None or maximum_pool_size is not None
-    if isinstance(resource, str) and resource not in KINDS:
-        try:
-            node = parse_spec(resource)
-        except ValueError as exc:
-            raise ValueError(f"resource: {exc}") from None
-        if sized or release_threshold is not None:
-            raise ValueError("initial_pool_size/maximum_pool_size/release_threshold do not apply to a "
-                             "resource spec: give the sizes in the spec")
+    for d in devices or ():
+        if d >= count:
+            raise ValueError(f"devices: {d!r} is not a device ordinal (this machine has {count})")
+    if isinstance(make, Node):  # a parsed spec
+        node = make
         make = lambda d: build_resource(node, drv, d)  # noqa: E731
-    elif resource is None or isinstance(resource, str):
-        kind = resource or "pool"
-        if kind in ("vmm", "managed", "cuda") and sized:
-            raise ValueError(f"initial_pool_size/maximum_pool_size do not apply to resource={kind!r}")
-        if kind in ("pool", "managed", "cuda") and release_threshold is not None:
-            raise ValueError(f"release_threshold does not apply to resource={kind!r}")
-        # check the sizes now, against every device they will apply to
+    elif isinstance(make, str):
+        kind = make
+        # the sizes against every device they will apply to (fractions of each one's memory)
         for d in devices if devices is not None else range(count):
             total = drv.device_total_mem(d)
             lo = _fraction_or_size(initial_pool_size, "initial_pool_size", total)
             hi = _fraction_or_size(maximum_pool_size, "maximum_pool_size", total)
-            _fraction_or_size(release_threshold, "release_threshold", total)
-            if hi is not None and hi == 0:
+            if hi == 0:
                 raise ValueError("maximum_pool_size must be positive")
             if lo is not None and hi is not None and lo > hi:
                 raise ValueError(f"initial_pool_size ({lo} bytes) exceeds maximum_pool_size ({hi} bytes)")
@@ -119,17 +158,8 @@ def reinitialize(resource=None, *, devices=None, initial_pool_size=None, maximum
             return _base(kind, d, drv, _fraction_or_size(initial_pool_size, "initial_pool_size", total),
                          _fraction_or_size(maximum_pool_size, "maximum_pool_size", total),
                          _fraction_or_size(release_threshold, "release_threshold", total))
-    elif callable(resource) and not isinstance(resource, MemoryResource):
-        if sized or release_threshold is not None:
-            raise ValueError("initial_pool_size/maximum_pool_size/release_threshold do not apply to a "
-                             "factory: give the sizes to the resources it builds")
-        make = resource
-    else:
-        raise TypeError(f"resource must be one of {KINDS}, a spec string or a callable(device), "
-                        f"not {type(resource).__name__}")
-    if log_file is not None and not isinstance(log_file, (str, os.PathLike)):
-        raise TypeError(f"log_file must be a path, not {type(log_file).__name__}")
 
+    sized = initial_pool_size is not None or maximum_pool_size is not None
     reset = (resource is None and devices is None and not sized and release_threshold is None
              and log_file is None and not statistics and not tracking)
     opened: list[LoggingAdaptor] = []

@@ -17,7 +17,7 @@ from distributed import WorkerPlugin
 
 from ._current import get_current_resource
 from ._resource import upstream_chain
-from ._setup import reinitialize
+from ._setup import check_arguments, reinitialize
 
 __all__ = ["MrkitSetup", "gather_statistics", "worker_report"]
 
@@ -52,16 +52,24 @@ class MrkitSetup(WorkerPlugin):
                  release_threshold=None, log_directory=None, statistics: bool = True, tracking: bool = False,
                  cupy: bool | None = None, numba: bool | None = False, torch: bool | None = False,
                  devices=(0,)) -> None:
-        self.resource, self.devices = resource, list(devices)
+        # the arguments are checked here, on the client, where a mistake is easy to see
+        if not isinstance(resource, str):
+            raise TypeError(f"resource must be a kind or a spec string (it is sent to the workers), "
+                            f"not {type(resource).__name__}")
+        for name, flag in (("cupy", cupy), ("numba", numba), ("torch", torch)):
+            if flag is not None and not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True, False or None, not {flag!r}")
+        if log_directory is not None and not isinstance(log_directory, (str, os.PathLike)):
+            raise TypeError(f"log_directory must be a path, not {type(log_directory).__name__}")
+        self.devices = check_arguments(resource, devices=devices, initial_pool_size=initial_pool_size,
+                                       maximum_pool_size=maximum_pool_size, release_threshold=release_threshold,
+                                       statistics=statistics, tracking=tracking)[0]
+        self.resource = resource
         self.initial_pool_size, self.maximum_pool_size = initial_pool_size, maximum_pool_size
         self.release_threshold = release_threshold
         self.log_directory = None if log_directory is None else os.fspath(log_directory)
         self.statistics, self.tracking = statistics, tracking
         self.cupy, self.numba, self.torch = cupy, numba, torch
-        # the arguments are checked here, on the client, where a mistake is easy to see
-        if not isinstance(resource, str):
-            raise TypeError(f"resource must be a kind or a spec string (it is sent to the workers), "
-                            f"not {type(resource).__name__}")
 
     def setup(self, worker) -> None:
         log_file = None

@@ -200,6 +200,7 @@ def test_reinitialize_without_devices_builds_each_device_lazily(sim4):
     ({"initial_pool_size": "2 GiB", "maximum_pool_size": "1 GiB"}, ValueError, "initial"),
     ({"resource": "cuda", "initial_pool_size": "1 GiB"}, ValueError, "initial_pool_size"),
     ({"statistics": "yes"}, TypeError, "statistics"),
+    ({"devices": [0, 0]}, ValueError, "devices: 0 is given twice"),
 ])
 def test_reinitialize_rejects_bad_arguments_and_changes_nothing(sim4, kwargs, exc, match):
     before = get_current_resource(0)

@@ -55,6 +55,19 @@ def test_each_worker_gets_its_resource_statistics_and_log(cluster):
     assert sorted(e.size for e in events if e.action == "allocate") == sorted(sizes)
 
 
-def test_the_plugin_checks_its_arguments_on_the_client():
-    with pytest.raises(TypeError, match="resource must be a kind or a spec string"):
-        MrkitSetup(lambda d: None)
+@pytest.mark.parametrize("kwargs,exc,match", [
+    ({"resource": lambda d: None}, TypeError, "resource must be a kind or a spec string"),
+    ({"resource": "pool(nothing)"}, ValueError, "resource: .*unknown resource 'nothing'"),
+    ({"initial_pool_size": -1}, ValueError, "initial_pool_size"),
+    ({"initial_pool_size": 1.5}, ValueError, "initial_pool_size as a fraction"),
+    ({"initial_pool_size": "2 GiB", "maximum_pool_size": "1 GiB"}, ValueError, "exceeds maximum_pool_size"),
+    ({"resource": "vmm", "maximum_pool_size": "1 GiB"}, ValueError, "do not apply to resource='vmm'"),
+    ({"devices": [0, 0]}, ValueError, "devices: 0 is given twice"),
+    ({"devices": 0}, TypeError, "devices must be a list"),
+    ({"statistics": "yes"}, TypeError, "statistics must be True or False"),
+    ({"cupy": 1}, TypeError, "cupy must be True, False or None"),
+    ({"log_directory": 5}, TypeError, "log_directory must be a path"),
+])
+def test_the_plugin_checks_its_arguments_on_the_client(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        MrkitSetup(**kwargs)
