@@ -82,3 +82,57 @@ def test_install_hands_pytorch_the_allocator_and_reports_too_late(sim, monkeypat
         mt.install()
     with pytest.raises(TypeError, match="mr must be"):
         mt.allocator("pool(device)")
+
+
+def test_the_callbacks_from_several_threads_with_release_beside_them_lose_nothing(sim, monkeypatch):
+    import threading
+    torch = _fake_torch(monkeypatch)
+    import mrkit.torch as mt
+    from mrkit import CudaMemoryResource
+    pool = PoolResource(CudaMemoryResource())
+    a = mt.allocator(pool)
+    c_alloc, c_free = torch.made[-1]
+    streams = [Stream.create() for _ in range(4)]
+    stop, errors, seen_live = threading.Event(), [], set()
+    seen_lock = threading.Lock()
+
+    def worker(k):
+        try:
+            s = streams[k]
+            held = []
+            for i in range(400):
+                p = c_alloc(256 * (1 + (i * 7 + k) % 50), 0, s.handle)
+                assert p
+                with seen_lock:  # never handed out twice while live
+                    assert p not in seen_live
+                    seen_live.add(p)
+                held.append((p, 256 * (1 + (i * 7 + k) % 50)))
+                if len(held) > 8:
+                    q, n = held.pop(0)
+                    with seen_lock:
+                        seen_live.discard(q)
+                    c_free(q, n, 0, s.handle)
+            for q, n in held:
+                with seen_lock:
+                    seen_live.discard(q)
+                c_free(q, n, 0, s.handle)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def releaser():
+        while not stop.is_set():
+            pool.release()
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    rel = threading.Thread(target=releaser)
+    rel.start()
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    stop.set()
+    rel.join()
+    assert not errors, errors
+    assert a.live_bytes == 0 and a.failures == 0 and a.foreign_frees == 0 and pool.live_bytes == 0
+    for s in streams:
+        s.synchronize()
+    pool.release()
+    assert pool.pool_size == 0 and sim.mem_get_info(0)[0] == sim.mem_get_info(0)[1]  # every byte upstream
