@@ -23,8 +23,11 @@ import sys
 import time
 
 GiB, MiB = 1 << 30, 1 << 20
-ALLOCATORS = ["mrkit pool", "mrkit vmm", "mrkit vmm footprint_limit=1.1", "cupy MemoryPool",
-              "torch caching", "torch expandable segments"]
+ALLOCATORS = ["mrkit pool", "mrkit vmm", "mrkit vmm footprint_limit=1.1",
+              "mrkit vmm footprint_limit=1.1 max_mapping=256MiB", "cupy MemoryPool",
+              "torch caching", "torch expandable segments", "rmm pool", "rmm arena", "rmm binning",
+              "rmm async"]
+_NEEDS = {"cupy": "cupy", "torch": "torch", "rmm": "rmm"}
 
 
 def plan(ops: int, max_size: int, cap: int, seed: int = 7) -> list[tuple]:
@@ -60,6 +63,8 @@ def _make(name: str):
             mr = mrkit.PoolResource(mrkit.DeviceMemoryResource(0))
         else:
             opts = {"footprint_limit": 1.1} if "footprint_limit" in name else {}
+            if "max_mapping=" in name:
+                opts["max_mapping"] = name.split("max_mapping=")[1]
             mr = mrkit.VirtualMemoryResource(0, mrkit.VirtualMemoryResourceOptions(reserve_size=512 * GiB, **opts))
         a, d = mr.allocate, mr.deallocate
         return (lambda n: a(n, s)), (lambda p, n: d(p, n, s)), mr.close, (lambda: getattr(mr, "moves", 0))
@@ -71,6 +76,14 @@ def _make(name: str):
         import torch
         ca, cd = torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete
         return ca, (lambda h, n: cd(h)), torch.cuda.empty_cache, (lambda: 0)
+    if name.startswith("rmm"):
+        import rmm
+        cuda_mr = rmm.mr.CudaMemoryResource()
+        mr = {"rmm pool": lambda: rmm.mr.PoolMemoryResource(cuda_mr),  # RMM's defaults: half the device up front
+              "rmm arena": lambda: rmm.mr.ArenaMemoryResource(cuda_mr),
+              "rmm binning": lambda: rmm.mr.BinningMemoryResource(rmm.mr.PoolMemoryResource(cuda_mr), 18, 22),
+              "rmm async": rmm.mr.CudaAsyncMemoryResource}[name]()
+        return mr.allocate, mr.deallocate, (lambda: None), (lambda: 0)
     raise ValueError(name)
 
 
@@ -143,6 +156,16 @@ def _run_case(name, max_size, cap, ops, timeout):
                 "error": (r.stderr.strip().splitlines() or ["no output"])[-1][:200]}
 
 
+def _importable(module: str | None) -> bool:
+    if module is None:
+        return True
+    import importlib.util
+    if importlib.util.find_spec(module) is None:
+        print(f"skipping {module}: not installed", file=sys.stderr)
+        return False
+    return True
+
+
 def _size(text: str) -> int:
     from mrkit import parse_size
     return parse_size(text)
@@ -166,7 +189,7 @@ def main(argv=None) -> None:
     from cuda.bindings import driver as cuda
     cuda.cuInit(0)
     total = cuda.cuDeviceTotalMem(cuda.cuDeviceGet(0)[1])[1]
-    names = args.only or ALLOCATORS
+    names = [n for n in (args.only or ALLOCATORS) if _importable(_NEEDS.get(n.split()[0]))]
     rows = []
     for max_size in (64 * MiB, 1 * GiB, 4 * GiB):
         for name in names:

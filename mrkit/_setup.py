@@ -185,9 +185,10 @@ def reinitialize(resource=None, *, devices=None, initial_pool_size=None, maximum
     except BaseException:
         for log in opened:
             log.close()
+        _owned_logs[:] = [log for log in _owned_logs if not any(log is o for o in opened)]
         raise
     # nothing can fail from here on: swap
-    for log in [log for log in _owned_logs if log not in opened]:
+    for log in [log for log in _owned_logs if not any(log is o for o in opened)]:
         _owned_logs.remove(log)
         log.close()
     if reset:

@@ -103,9 +103,12 @@ def test_changing_the_current_resource_redirects_new_blocks_and_old_ones_go_home
     set_current_resource(first, 0)
     fn = mc.install()
     old = fn(4096)
+    assert mc.resource_of(fn) is first
     second = PoolResource(DeviceMemoryResource(0))
     set_current_resource(second, 0)
+    assert mc.resource_of(fn) is second  # not the replaced one, before and after the next block
     new = fn(4096)
+    assert mc.resource_of(fn) is second
     assert first.live_bytes == 4096 and second.live_bytes == 4096
     del old, new
     assert first.live_bytes == 0 and second.live_bytes == 0
@@ -188,6 +191,23 @@ def test_reinitialize_without_devices_builds_each_device_lazily(sim4):
     got = mrkit.reinitialize(lambda d: PoolResource(DeviceMemoryResource(d), maximum_size="64 MiB"), devices=[1])
     assert got[1].device_id == 1 and get_current_resource(1) is got[1]
     mrkit.reinitialize()
+
+
+def test_a_failed_reinitialize_closes_and_forgets_the_logs_it_opened(sim4, tmp_path):
+    from mrkit import _setup
+
+    def factory(d):
+        if d == 1:
+            raise RuntimeError("no pool for device 1")
+        return PoolResource(DeviceMemoryResource(d))
+    before = get_current_resource(0)
+    with pytest.raises(RuntimeError, match="device 1"):
+        mrkit.reinitialize(factory, devices=[0, 1], log_file=tmp_path / "m.csv")
+    assert get_current_resource(0) is before and _setup._owned_logs == []  # nothing kept, nothing swapped
+    got = mrkit.reinitialize("pool", devices=[0], log_file=tmp_path / "m.csv")
+    assert _setup._owned_logs == [got[0]]
+    mrkit.reinitialize()
+    assert _setup._owned_logs == []
 
 
 @pytest.mark.parametrize("kwargs,exc,match", [

@@ -384,3 +384,45 @@ def test_a_lock_free_free_racing_a_locked_cache_insert_loses_nothing(backend):
     assert fired and pool.live_bytes == 0
     pool.release()
     assert pool.pool_size == 0  # both blocks came back
+
+
+class _ReservingUpstream(CudaMemoryResource):
+    """Models the driver's pool: what it frees stays reserved (counted against the device) until
+    ``trim()``, so a larger request fails even though enough is free."""
+
+    def __init__(self, driver, capacity):
+        super().__init__(driver=driver)
+        self.capacity, self.in_use, self.reserved_idle, self.trims = capacity, 0, 0, 0
+
+    def allocate(self, nbytes, stream, alignment=256):
+        if self.in_use + self.reserved_idle + nbytes > self.capacity:
+            raise OutOfMemoryError(f"upstream full: {nbytes}", nbytes, self)
+        self.in_use += nbytes
+        return super().allocate(nbytes, stream, alignment)
+
+    def deallocate(self, ptr, nbytes, stream, alignment=256):
+        super().deallocate(ptr, nbytes, stream, alignment)
+        self.in_use -= nbytes
+        self.reserved_idle += nbytes
+
+    def trim(self):
+        self.trims += 1
+        self.reserved_idle = 0
+
+
+def test_out_of_memory_trims_the_upstream_before_giving_up():
+    """Issue 22 (fragmentation at 95 % of the device): the pool gave its idle chunks back to the
+    driver's pool, which kept them reserved, so the retry failed while most of the device was free.
+    The reclaim now asks the upstream to trim, then retries; every byte still goes back."""
+    drv = SimDriver([SimDeviceSpec(total_memory=64 << 20)])
+    up = _ReservingUpstream(drv, 10 << 20)
+    pool = PoolResource(up, min_chunk=1 << 20, growth_factor=0)
+    s = DEFAULT_STREAM
+    ptrs = [pool.allocate(1 << 20, s) for _ in range(8)]
+    for p in ptrs[1:]:
+        pool.deallocate(p, 1 << 20, s)
+    big = pool.allocate(6 << 20, s)  # 7 idle 1 MiB chunks: no fit; 2 MiB room left upstream
+    assert up.trims == 1 and pool.pool_size == 7 << 20
+    pool.deallocate(big, 6 << 20, s)
+    pool.deallocate(ptrs[0], 1 << 20, s)
+    assert pool.release() == 7 << 20 and pool.pool_size == 0 and up.in_use == 0

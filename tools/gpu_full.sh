@@ -2,7 +2,7 @@
 # One batched GPU call for everything: the thread proof, the whole suite on the cuda backend (PyTorch,
 # Dask/dask-cuda and CuPy tests included; wheels for dask/distributed/dask-cuda carried in .wheels),
 # the kit under its `gpu` profile in parallel shards meanwhile, then the benchmarks. At most 8 files
-# land in $OUT: threads.txt pytest.txt kit.txt workload.json workload.png bench.txt.
+# land in $OUT: threads.txt pytest.txt kit.txt workload.json workload.png torch.json bench.txt.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1
 T0=$SECONDS
@@ -41,8 +41,14 @@ grep -E "^(FAILED|ERROR)|PASSED|FAILED|SKIPPED| passed| failed|Fatal" "$OUT/pyte
 grep -E "^(FAILED|ERROR)" "$OUT/kit.txt" | head; grep -E " in [0-9.]+s" "$OUT/kit.txt"
 echo "tests done at $((SECONDS - T0)) s"
 # benchmarks, each with its own time limit
+if [ "${TORCH_BENCH:-1}" = 1 ]; then
+  echo "== bench_torch_training" >> "$OUT/bench.txt"
+  timeout ${TORCH_BUDGET:-150} python3 benchmarks/bench_torch_training.py --steps ${TORCH_STEPS:-10} \
+    --json "$OUT/torch.json" >> "$OUT/bench.txt" 2>&1
+  echo "torch bench done at $((SECONDS - T0)) s"
+fi
 LEFT=$(( ${TOTAL_BUDGET:-570} - (SECONDS - T0) ))
-timeout $(( LEFT > 100 ? LEFT - ${BENCH_SLACK:-40} : LEFT / 2 )) python3 benchmarks/bench_workload.py --ops ${OPS:-2000} --timeout ${CASE_TIMEOUT:-60} \
+[ "${WORKLOAD:-1}" = 1 ] && timeout $(( LEFT > 100 ? LEFT - ${BENCH_SLACK:-40} : LEFT / 2 )) python3 benchmarks/bench_workload.py --ops ${OPS:-2000} --timeout ${CASE_TIMEOUT:-60} \
   --json "$OUT/workload.json" --plot "$OUT/workload.png" >> "$OUT/bench.txt" 2>/tmp/workload.err
 cat /tmp/workload.err >> "$OUT/bench.txt"  # one JSON line per case, even if the run was cut short
 [ "${SMALL_BENCH:-1}" = 1 ] || { echo "all done at $((SECONDS - T0)) s" | tee -a "$OUT/bench.txt"; exit 0; }

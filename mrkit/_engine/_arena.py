@@ -88,6 +88,7 @@ class ChunkSource:
     * :meth:`fit` — placement: which free block serves a request (default: best fit).
     * :meth:`prepare` — make a block usable before it is handed out (VMM: map missing pages).
     * :meth:`give_back` — return one wholly free chunk (pool: upstream deallocate).
+    * :meth:`trim_upstream` — out of memory even after giving chunks back: let the upstream trim.
     """
 
     #: whether chunks go back through :meth:`give_back` on release and on the out-of-memory reclaim
@@ -113,6 +114,12 @@ class ChunkSource:
     def give_back(self, ptr: int, size: int, stream: Stream) -> None:
         """Return the wholly free chunk ``[ptr, ptr + size)`` (freed on ``stream``)."""
         raise NotImplementedError
+
+    def trim_upstream(self) -> bool:
+        """Last step of the out-of-memory reclaim, after the idle chunks went back: ask the upstream
+        to return what it keeps cached (the driver's pool keeps freed memory reserved until a
+        synchronise). True when something was asked, so the grow is worth retrying."""
+        return False
 
 
 class Arena:
@@ -140,6 +147,8 @@ class Arena:
         self.held = 0
         self.event = None
         self._prepare = source.prepare if source.prepares else None
+        if not source.prepares and type(source).fit is ChunkSource.fit:
+            self.take = self.take_best_fit  # the hot path's miss: one frame to the free list
         self.allocate, self.deallocate = plain_paths(self)
 
     @property
@@ -213,14 +222,26 @@ class Arena:
             ptr = prepare(self, ptr, size, stream)
         return ptr
 
-    def find(self, size: int, stream: Stream) -> int:
-        """``size`` bytes for ``stream`` (lock held): its own free memory, other streams' free memory
-        (after ordering), new memory from the source, then the out-of-memory reclaim."""
+    def take_best_fit(self, size: int, stream: Stream) -> int:
+        """:meth:`take` for a source with the default fit and nothing to prepare (lock held): best
+        fit on the stream's free list straight away, :meth:`find` only when that misses."""
+        st = self.states.get(stream.uid)
+        if st is not None:
+            ptr = st.free.take(size)
+            if ptr is not None:
+                return ptr
+        return self.find(size, stream, tried=st is not None)
+
+    def find(self, size: int, stream: Stream, tried: bool = False) -> int:
+        """``size`` bytes for ``stream`` (lock held): its own free memory (unless ``tried`` already),
+        other streams' free memory (after ordering), new memory from the source, then the
+        out-of-memory reclaim."""
         st = self.state(stream)
         fit = self.source.fit
-        ptr = fit(self, st, size)
-        if ptr is not None:
-            return ptr
+        if not tried:
+            ptr = fit(self, st, size)
+            if ptr is not None:
+                return ptr
         if st.cache:
             st.flush(self.boundaries)
             ptr = fit(self, st, size)
@@ -304,7 +325,12 @@ class Arena:
             return ptr
         self.release_free_chunks(st)
         try:
-            chunk, n = self.grow(size, stream, exact=True)
+            try:
+                chunk, n = self.grow(size, stream, exact=True)
+            except OutOfMemoryError:
+                if not self.source.trim_upstream():
+                    raise
+                chunk, n = self.grow(size, stream, exact=True)  # what the upstream kept is free now
         except OutOfMemoryError as exc:
             raise OutOfMemoryError(
                 f"{self.owner!r} could not allocate {size} bytes ({format_size(size)}) on {stream!r}: it "

@@ -192,9 +192,8 @@ def counting_paths(arena, events: list, on_full, limit: int):
 
 
 def _hook_malloc(nbytes, device_id):
-    """Allocate ``nbytes`` on the caller's current stream of ``device_id``."""
-    if device_id != device:
-        wrong_device(device_id)
+    """Allocate ``nbytes`` on the caller's current stream of ``device_id`` (the device these hooks
+    were made for: the caller dispatches by device, so it is not checked again here)."""
     cs = current_stream(device_id)
     ref, stream = seen[0]
     if ref() is not cs:
@@ -260,16 +259,17 @@ def _hook_free(ptr, device_id):
     with lock:
         cache_block(ptr, size, stream)
 
-def hook_paths(arena, *, device: int, wrong_device, current_stream, seen: list, remember, foreign_free):
+def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
     """``(malloc(nbytes, device_id), free(ptr, device_id))`` over ``arena`` for allocator hooks:
 
-    ``device`` is the device served (``wrong_device(device_id)`` raises for another);
+    the caller hands each device its own pair (CuPy's ``Memory`` passes back the device it was made
+    with), so the hooks do not check it;
     ``current_stream(device_id)`` gives the caller's current stream object; ``seen`` is a one-element
     list holding ``(weakref to the last stream object, its mrkit Stream)`` and ``remember(obj)``
     converts a stream object and updates ``seen``; ``foreign_free(ptr)`` handles a pointer these hooks
     never handed out. Each live block's stream is remembered until it is freed."""
     where: dict[int, Stream] = {}
-    ns = _namespace(arena, device=device, wrong_device=wrong_device, current_stream=current_stream,
+    ns = _namespace(arena, current_stream=current_stream,
                     seen=seen, remember=remember, foreign_free=foreign_free, where=where,
                     where_pop=where.pop)
     return _instance(_hook_malloc, ns), _instance(_hook_free, ns)

@@ -104,25 +104,20 @@ def _stream_lookup():
     return cell, lookup
 
 
-def _hooks(mr: MemoryResource, device: int, get_stream):
+def _hooks(mr: MemoryResource, get_stream):
     """CuPy's ``(malloc(nbytes, device_id), free(ptr, device_id))`` over ``mr`` for ``device``: the
     engine's own hook variant over a pool, else :func:`_generic_malloc`/:func:`_generic_free`."""
     cell, lookup = _stream_lookup()
-
-    def wrong_device(device_id: int):
-        raise ValueError(f"CuPy's current device is {device_id}, but this allocator serves device "
-                         f"{device} ({mr!r})")
 
     def foreign_free(ptr: int) -> None:
         if not _exiting[0]:
             raise ValueError(f"CuPy freed {ptr:#x}, which this allocator does not hold")
 
-    hooks = hot_paths(mr, "hook", device=device, wrong_device=wrong_device, current_stream=get_stream,
+    hooks = hot_paths(mr, "hook", current_stream=get_stream,
                       seen=cell, remember=lookup, foreign_free=foreign_free)
     if hooks is None:
         ns = {"__builtins__": __builtins__, "alloc": mr.allocate, "dealloc": mr.deallocate, "live": {},
-              "device": device, "get_stream": get_stream, "cell": cell, "lookup": lookup,
-              "wrong_device": wrong_device, "foreign_free": foreign_free}
+              "get_stream": get_stream, "cell": cell, "lookup": lookup, "foreign_free": foreign_free}
         ns["live_pop"] = ns["live"].pop
         hooks = (types.FunctionType(_generic_malloc.__code__, ns, "malloc"),
                  types.FunctionType(_generic_free.__code__, ns, "free"))
@@ -132,9 +127,8 @@ def _hooks(mr: MemoryResource, device: int, get_stream):
 
 # The generic hooks: templates whose globals are one resource's private namespace (see _hooks).
 def _generic_malloc(nbytes, device_id):
-    """Allocate ``nbytes`` from the resource on the caller's current CuPy stream of ``device_id``."""
-    if device_id != device:
-        wrong_device(device_id)
+    """Allocate ``nbytes`` from the resource on the caller's current CuPy stream of ``device_id``
+    (the device these hooks serve: ``allocator``'s ``malloc`` picks the hooks by device)."""
     cs = get_stream(device_id)  # the id CuPy passes: spares CuPy a cudaGetDevice
     ref, s = cell[0]  # the stream lookup, inlined: this runs on every cupy allocation
     if ref() is not cs:
@@ -185,7 +179,7 @@ def allocator(mr: MemoryResource | None = None):
         if not mr.device_accessible:
             raise ValueError(f"{mr!r} is not device-accessible; use pinned_allocator() for host memory")
         fixed = mr.device_id or 0
-        table[fixed] = _hooks(mr, fixed, get_stream)
+        table[fixed] = _hooks(mr, get_stream)
         resources = {fixed: mr}
 
         def bind(dev: int):
@@ -199,7 +193,7 @@ def allocator(mr: MemoryResource | None = None):
                 res = get_current_resource(dev)
                 if not res.device_accessible:
                     raise ValueError(f"the current resource of device {dev}, {res!r}, is not device-accessible")
-                hooks = table[dev] = _hooks(res, dev, get_stream)
+                hooks = table[dev] = _hooks(res, get_stream)
                 resources[dev] = res
                 return hooks
         ref = weakref.ref(table)
@@ -209,6 +203,7 @@ def allocator(mr: MemoryResource | None = None):
             if t is None:
                 return False  # this allocator is gone: stop telling it
             t.pop(dev, None)
+            resources.pop(dev, None)  # resource_for then names the new current resource
             return True
         _current.on_change(drop)
 

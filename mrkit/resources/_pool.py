@@ -42,6 +42,13 @@ class UpstreamChunks(ChunkSource):
     def give_back(self, ptr: int, size: int, stream: Stream) -> None:
         self.upstream.deallocate(ptr, size, stream)
 
+    def trim_upstream(self) -> bool:
+        trim = getattr(self.upstream, "trim", None)
+        if not callable(trim):
+            return False
+        trim()
+        return True
+
 
 class UpstreamCachingResource(UpstreamAccess, CachingResource):
     """A caching resource whose chunks come from an ``upstream`` resource (pool, binning): validates
@@ -77,7 +84,10 @@ class PoolResource(UpstreamCachingResource):
     longer exist, the pool synchronises the device instead.
 
     **Out of memory.** When the upstream refuses, the pool waits for the streams holding free memory,
-    pools it, gives wholly free chunks back upstream and retries once before raising
+    pools it, gives wholly free chunks back upstream and retries; if that fails too, it asks the
+    upstream to ``trim()`` what it keeps cached (a :class:`~mrkit.DeviceMemoryResource` synchronises
+    its device and trims its driver pool, which otherwise keeps freed memory reserved) and retries
+    once more before raising
     :class:`~mrkit.OutOfMemoryError` naming the request, the pool's holdings and the upstream's message.
 
     **Errors.** A double free, a foreign pointer or a wrong size raises ``ValueError``; a size or

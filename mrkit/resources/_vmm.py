@@ -2,7 +2,7 @@
 given back when free."""
 from __future__ import annotations
 
-from bisect import bisect_right, insort
+from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
 
 from .._errors import OutOfMemoryError
@@ -148,6 +148,7 @@ class _VirtualChunks(ChunkSource):
         self.base = drv.mem_address_reserve(reserve, page)
         self._top = self.base
         self._maps: dict[int, tuple[int, int]] = {}  # first page of a run -> (pages, handle)
+        self._map_firsts: list[int] = []  # the keys of _maps, sorted (free memory finds its runs by bisection)
         self._cov = _Coverage()  # which pages are mapped, coalesced
         self._mapped = 0
         self._mapped_high = 0
@@ -292,6 +293,7 @@ class _VirtualChunks(ChunkSource):
             raise
         for start, n, h, moved in done:
             self._maps[start] = (n, h)
+            insort(self._map_firsts, start)
             self._cov.add(start, start + n)
             self._mapped += n * page
             self._moves += moved
@@ -342,9 +344,7 @@ class _VirtualChunks(ChunkSource):
                 self.arena.wait_for(st.stream)
         for _, (first, n, h, lo, hi, block) in chosen:
             drv.mem_unmap(lo, n * page)
-            del self._maps[first]
-            self._cov.remove(first, first + n)
-            self._mapped -= n * page
+            self._forget_run(first, n)
             self._put_spare(n, h)
 
     def _release_spare(self, most: int | None = None) -> int:
@@ -359,14 +359,20 @@ class _VirtualChunks(ChunkSource):
         return released
 
     def _runs_in(self, free: FreeList):
-        """The mappings lying wholly inside one free block of ``free``, with that block's start."""
-        page, base = self.page, self.base
-        starts = sorted(free.start)
-        for first, (n, h) in list(self._maps.items()):
-            lo, hi = base + first * page, base + (first + n) * page
-            k = bisect_right(starts, lo) - 1
-            if k >= 0 and starts[k] + free.start[starts[k]] >= hi:
-                yield first, n, h, lo, hi, starts[k]
+        """The mappings lying wholly inside one free block of ``free``, with that block's start: for
+        each free block, the runs that start in it, found by bisection (not a scan of every run)."""
+        page, base, maps, firsts = self.page, self.base, self._maps, self._map_firsts
+        for block, bsize in list(free.start.items()):
+            lo_page = -(-(block - base) // page)
+            hi_page = (block + bsize - base) // page
+            k = bisect_left(firsts, lo_page)
+            while k < len(firsts) and firsts[k] < hi_page:
+                first = firsts[k]
+                n, h = maps[first]
+                if first + n > hi_page:
+                    break
+                yield first, n, h, base + first * page, base + (first + n) * page, block
+                k += 1
 
     def _free_runs(self, need: int | None) -> list:
         """``(state, run)`` for the mappings lying wholly in the free memory of streams that can be
@@ -393,10 +399,15 @@ class _VirtualChunks(ChunkSource):
         lo = self.base + first * page
         drv.mem_unmap(lo, n * page)
         drv.mem_release(h)
-        del self._maps[first]
-        self._cov.remove(first, first + n)
-        self._mapped -= n * page
+        self._forget_run(first, n)
         return n * page
+
+    def _forget_run(self, first: int, n: int) -> None:
+        del self._maps[first]
+        firsts = self._map_firsts
+        del firsts[bisect_left(firsts, first)]
+        self._cov.remove(first, first + n)
+        self._mapped -= n * self.page
 
     def trim_locked(self) -> int:
         arena = self.arena
