@@ -50,12 +50,12 @@ if __name__ == "__main__":
             x = torch.randn(512, 64, device="cuda")
             loss = model(x).pow(2).mean()
             loss.backward()
-            return float(loss)
+            return loss.item()
         want = step()
         mr = mrkit.StatisticsAdaptor(mrkit.PoolResource(mrkit.DeviceMemoryResource(0)))
         with mrkit.torch.pool(mr):
             got = step()
-        assert got == want and mr.statistics.total_count > 0
+        assert abs(got - want) <= 1e-5 * abs(want) and mr.statistics.total_count > 0  # float32 rounding
         print(f"PyTorch loss {got:.6f} with mrkit's segments (PyTorch's own: {want:.6f})")
     else:
         print("PyTorch with a GPU not found here: the PyTorch part runs on the GPU machine")

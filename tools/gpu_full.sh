@@ -23,9 +23,9 @@ done
   tests/test_threads.py -k gpu > "$OUT/threads.txt" 2>&1
 [ -f "$OUT/threads.txt" ] && tail -1 "$OUT/threads.txt"
 # the suite: the GPU-integration files each in a process of its own (-v: a crash names its test)
-INTEG="tests/test_gpu_integrations.py tests/test_gpu_torch.py tests/test_gpu_dask.py tests/test_examples.py"
+INTEG=${INTEG:-"tests/test_gpu_integrations.py tests/test_gpu_torch.py tests/test_gpu_dask.py tests/test_examples.py"}
 IGN=""; for f in $INTEG; do IGN="$IGN --ignore=$f"; done
-HYPOTHESIS_PROFILE=dev MRKIT_THREAD_OPS=2000 timeout ${TEST_BUDGET:-280} python3 -X faulthandler -m pytest -q \
+[ "${SUITE:-1}" = 1 ] && HYPOTHESIS_PROFILE=dev MRKIT_THREAD_OPS=2000 timeout ${TEST_BUDGET:-280} python3 -X faulthandler -m pytest -q \
   -p no:cacheprovider --timeout=150 -rxs --ignore=tests/test_mutations.py $IGN \
   --deselect tests/test_threads.py::test_eight_threads_with_release_every_millisecond_on_the_gpu \
   tests/ > "$OUT/pytest.txt" 2>&1 &
@@ -36,7 +36,7 @@ for f in $INTEG; do
 done
 wait
 [ "$SHARDS" -gt 0 ] && for i in $(seq 0 $((SHARDS - 1))); do cat /tmp/kit_$i.txt; done > "$OUT/kit.txt"
-cat /tmp/integ.txt >> "$OUT/pytest.txt"
+touch "$OUT/pytest.txt"; cat /tmp/integ.txt >> "$OUT/pytest.txt"
 grep -E "^(FAILED|ERROR)|PASSED|FAILED|SKIPPED| passed| failed|Fatal" "$OUT/pytest.txt" | grep -v "^tests/.*PASSED" | tail -30
 grep -E "^(FAILED|ERROR)" "$OUT/kit.txt" | head; grep -E " in [0-9.]+s" "$OUT/kit.txt"
 echo "tests done at $((SECONDS - T0)) s"
