@@ -24,7 +24,7 @@ import time
 
 GiB, MiB = 1 << 30, 1 << 20
 ALLOCATORS = ["mrkit pool", "mrkit vmm", "mrkit vmm footprint_limit=1.1",
-              "mrkit vmm footprint_limit=1.1 max_mapping=256MiB", "cupy MemoryPool",
+              "mrkit vmm footprint_limit=1.1 max_mapping=64MiB", "cupy MemoryPool",
               "torch caching", "torch expandable segments", "rmm pool", "rmm arena", "rmm binning",
               "rmm async"]
 _NEEDS = {"cupy": "cupy", "torch": "torch", "rmm": "rmm"}

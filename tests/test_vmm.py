@@ -392,3 +392,30 @@ def test_footprint_limit_keeps_a_random_workload_near_its_live_peak():
 def test_footprint_limit_is_validated():
     with pytest.raises(ValueError, match="footprint_limit must be >= 1.0"):
         VirtualMemoryResourceOptions(footprint_limit=0.5)
+
+
+@pytest.mark.parametrize("limit", [None, 2.0])
+def test_with_a_footprint_limit_a_block_goes_where_pages_are_already_mapped(limit):
+    """Issue 22: moving pages costs driver calls; with a limit, of the few smallest free blocks that
+    fit, the block goes where nothing needs mapping. Without a limit, plain best fit (nothing moves)."""
+    drv = SimDriver([SimDeviceSpec(total_memory=256 * MiB)])
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size="128 MiB", max_mapping="2 MiB",
+                                                               footprint_limit=limit), driver=drv)
+    s = DEFAULT_STREAM
+    a, sep1, c, sep2 = (mr.allocate(n * MiB, s) for n in (8, 2, 10, 2))
+    mr.deallocate(a, 8 * MiB, s)
+    mr.trim()  # a's pages go back: an unmapped 8 MiB hole
+    mr.deallocate(c, 10 * MiB, s)  # a mapped 10 MiB hole
+    mapped, moves = mr.mapped_bytes, mr.moves
+    p = mr.allocate(8 * MiB, s)
+    if limit is None:
+        assert p == a and mr.mapped_bytes == mapped + 8 * MiB  # best fit: the exact hole, mapped afresh
+    else:
+        assert c <= p and p + 8 * MiB <= c + 10 * MiB  # inside the mapped hole
+        assert mr.mapped_bytes == mapped and mr.moves == moves  # no driver call for pages
+    drv.memset_async(p, 3, 8 * MiB, 0)
+    for ptr, n in ((p, 8 * MiB), (sep1, 2 * MiB), (sep2, 2 * MiB)):
+        mr.deallocate(ptr, n, s)
+    assert mr.live_bytes == 0
+    mr.close()
+    assert drv.mem_get_info(0)[0] == 256 * MiB  # every page back

@@ -21,7 +21,9 @@ class VirtualMemoryResourceOptions:
         granularity).
     max_mapping: the largest single mapping (one ``cuMemCreate`` + ``cuMemMap``); a block's missing
         pages are mapped in runs of up to this size, and a run is released only when all of it is free.
-        Larger runs mean fewer driver calls; smaller ones a tighter footprint.
+        Larger runs mean fewer driver calls; smaller ones a tighter footprint. Default: 64 MiB, or
+        256 MiB with ``footprint_limit`` (a move costs about the same whatever its size, so moving
+        physical memory in larger pieces makes fewer moves).
     release_threshold: free mapped bytes tolerated before free runs are unmapped and released
         automatically (``None``: no absolute limit).
     release_fraction: the same, relative to the live bytes (``0.1``: keep the free mapped memory under
@@ -31,7 +33,9 @@ class VirtualMemoryResourceOptions:
         pages would exceed the limit, mappings lying wholly in free memory are unmapped (after waiting
         for the streams that freed them) and their physical allocations mapped where they are needed
         (``cuMemUnmap``, then ``cuMemMap`` + ``cuMemSetAccess``; no ``cuMemCreate``). Each move is
-        driver calls, so this trades time for footprint; ``None`` (default): never move.
+        driver calls, so this trades time for footprint; ``None`` (default): never move. With a limit,
+        placement also looks at what is mapped: of the few smallest free blocks that fit, a block goes
+        where the fewest pages are missing (so fewer pages move).
     peers: devices given read-write access to every mapping (``cuMemSetAccess``).
     location: the device whose memory backs the pages (default: the resource's device); the resource's
         device (and ``peers``) get access to it, so another device's memory needs peer capability.
@@ -41,7 +45,7 @@ class VirtualMemoryResourceOptions:
 
     reserve_size: int | str | None = None
     page_size: int | str | None = None
-    max_mapping: int | str = "64 MiB"
+    max_mapping: int | str | None = None
     release_threshold: int | str | None = None
     release_fraction: float | None = None
     footprint_limit: float | None = None
@@ -54,7 +58,8 @@ class VirtualMemoryResourceOptions:
             v = getattr(self, f)
             if v is not None:
                 object.__setattr__(self, f, parse_size(v, f))
-        object.__setattr__(self, "max_mapping", parse_size(self.max_mapping, "max_mapping"))
+        if self.max_mapping is not None:
+            object.__setattr__(self, "max_mapping", parse_size(self.max_mapping, "max_mapping"))
         if self.release_fraction is not None and not self.release_fraction >= 0:
             raise ValueError(f"release_fraction must be >= 0, got {self.release_fraction}")
         if self.footprint_limit is not None and not self.footprint_limit >= 1.0:
@@ -152,7 +157,9 @@ class _VirtualChunks(ChunkSource):
         self._cov = _Coverage()  # which pages are mapped, coalesced
         self._mapped = 0
         self._mapped_high = 0
-        self._run_pages = max(1, opts.max_mapping // page)
+        mapping = opts.max_mapping if opts.max_mapping is not None else \
+            (256 << 20 if opts.footprint_limit is not None else 64 << 20)
+        self._run_pages = max(1, mapping // page)
         self._pending: list = []  # (event, stream, runs) set aside by a non-blocking release
         self._pending_bytes = 0  # mapped bytes in those runs
         self._auto_release = opts.release_threshold is not None or opts.release_fraction is not None
@@ -160,6 +167,7 @@ class _VirtualChunks(ChunkSource):
         self._spare_bytes = 0
         self._live_high = 0  # live bytes high-water mark, as seen when pages are mapped
         self._moves = 0
+        self._placement_window = 8 if opts.footprint_limit is not None else 1
 
     def __repr__(self) -> str:
         return repr(self.arena.owner)
@@ -196,7 +204,48 @@ class _VirtualChunks(ChunkSource):
                 other.flush(arena.boundaries)
         elif st.cache:
             st.flush(arena.boundaries)
-        return st.free.take(size, st.free.end.get(self._top))
+        top = st.free.end.get(self._top)
+        if self._placement_window > 1:
+            ptr = self._fit_mapped(st.free, size, top)
+            if ptr is not None:
+                return ptr
+        return st.free.take(size, top)
+
+    def _fit_mapped(self, free: FreeList, size: int, top: int | None) -> int | None:
+        """Placement that saves driver calls: of the few smallest free blocks that hold ``size``
+        (``_placement_window``), the one where the block would need the fewest pages mapped, at
+        whichever end of it needs fewer; None when the best fit already needs none (the caller
+        takes it) or nothing fits."""
+        sizes = free.sizes
+        i = bisect_left(sizes, (size, 0))
+        if i == len(sizes):
+            return None
+        page, base, cov = self.page, self.base, self._cov
+        bsize, ptr = sizes[i]
+        if ptr != top and cov.covers((ptr - base) // page, (ptr + size - 1 - base) // page + 1):
+            return None  # the plain best fit needs nothing mapped: the usual case, one bisection
+        best = None
+        for bsize, ptr in sizes[i:i + self._placement_window]:
+            if ptr == top:
+                continue
+            for at in ((ptr,) if bsize == size else (ptr, ptr + bsize - size)):
+                lo, hi = (at - base) // page, (at + size - 1 - base) // page + 1
+                missing = sum(b - a for a, b in cov.gaps(lo, hi))
+                if best is None or missing < best[0]:
+                    best = (missing, bsize, ptr, at)
+                if missing == 0:
+                    break
+            if best[0] == 0:
+                break
+        if best is None or (best[2] == sizes[i][1] and best[3] == best[2]):
+            return None  # the plain best fit is the choice
+        _, bsize, ptr, at = best
+        free.remove(ptr, bsize)
+        if at > ptr:
+            free.add(ptr, at - ptr)
+        if at + size < ptr + bsize:
+            free.add(at + size, ptr + bsize - at - size)
+        return at
 
     def prepare(self, arena, ptr, size, stream):
         base, page = self.base, self.page
@@ -246,6 +295,7 @@ class _VirtualChunks(ChunkSource):
         if not gaps:
             return
         limit = self.options.footprint_limit
+        run_pages = self._run_pages
         if limit is not None:
             self._make_room(sum(b - a for a, b in gaps), size, limit)
         drv, dev = self.driver, self.device_id
@@ -262,7 +312,7 @@ class _VirtualChunks(ChunkSource):
                         n, h = 0, None
                     moved = h is not None
                     if not moved:
-                        n = min(b - a, self._run_pages)
+                        n = min(b - a, run_pages)
                         h = drv.mem_create(self._location, n * page, self.options.handle_type)
                     va, nbytes = base + a * page, n * page
                     try:

@@ -72,6 +72,10 @@ MUTANTS = [
            "                self.arena.wait_for(st.stream)\n        for _, (first, n, h, lo, hi, block) in chosen:",
            "                pass\n        for _, (first, n, h, lo, hi, block) in chosen:",
            ("vmm(moving pages, footprint_limit=1.0)",)),
+    Mutant("VMM placement by mapped pages hands out the rest of the block too", "resources/_vmm.py",
+           "            free.add(at + size, ptr + bsize - at - size)",
+           "            free.add(at, ptr + bsize - at)",
+           ("vmm(moving pages, footprint_limit=1.0)",)),
     # -- adaptors -------------------------------------------------------------------------------------
     Mutant("statistics forget frees", "adaptors/_statistics.py",
            "            events.append(-nbytes)\n", "            pass\n",
