@@ -23,7 +23,7 @@ import sys
 import time
 
 GiB, MiB = 1 << 30, 1 << 20
-ALLOCATORS = ["mrkit pool", "mrkit vmm", "mrkit vmm footprint_limit=1.1",
+ALLOCATORS = ["mrkit pool", "mrkit pool(cuda)", "mrkit vmm", "mrkit vmm footprint_limit=1.1",
               "mrkit vmm footprint_limit=1.1 max_mapping=64MiB", "cupy MemoryPool",
               "torch caching", "torch expandable segments", "rmm pool", "rmm arena", "rmm binning",
               "rmm async"]
@@ -61,6 +61,8 @@ def _make(name: str):
         s = mrkit.DEFAULT_STREAM
         if name == "mrkit pool":
             mr = mrkit.PoolResource(mrkit.DeviceMemoryResource(0))
+        elif name == "mrkit pool(cuda)":  # over cuMemAlloc, as CuPy's pool is over cudaMalloc
+            mr = mrkit.PoolResource(mrkit.CudaMemoryResource(0))
         else:
             opts = {"footprint_limit": 1.1} if "footprint_limit" in name else {}
             if "max_mapping=" in name:
@@ -121,7 +123,7 @@ def one_case(name: str, max_size: int, cap: int, ops: int) -> dict:
                     free(handles.pop(k), n)
                     cur -= n
         except Exception as exc:  # noqa: BLE001 - out of memory, whatever the library calls it
-            out.update(finished=False, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
+            out.update(finished=False, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:500]}",
                        done_ops=done, live_at_failure=cur)
             for k, h in list(handles.items()):
                 free(h, sizes[k])

@@ -136,3 +136,17 @@ def test_the_callbacks_from_several_threads_with_release_beside_them_lose_nothin
         s.synchronize()
     pool.release()
     assert pool.pool_size == 0 and sim.mem_get_info(0)[0] == sim.mem_get_info(0)[1]  # every byte upstream
+
+
+@pytest.mark.parametrize("has_new", [True, False])
+def test_the_lock_setting_uses_pytorchs_current_name_and_the_old_one_only_where_it_is_all(has_new):
+    """PyTorch 2.11 deprecates torch.cuda.memory._set_allocator_settings (a FutureWarning, which the
+    H200 run turned into a failure of example 13): the accelerator-wide setter comes first."""
+    from mrkit.integrations.torch import _release_lock_around_segments
+    calls = []
+    torch = types.SimpleNamespace(_C=types.SimpleNamespace(), cuda=types.SimpleNamespace(memory=types.SimpleNamespace(
+        _set_allocator_settings=lambda s: calls.append(("old", s)))))
+    if has_new:
+        torch._C._accelerator_setAllocatorSettings = lambda s: calls.append(("new", s))
+    _release_lock_around_segments(torch)
+    assert calls == [("new" if has_new else "old", "release_lock_on_cudamalloc:True")]

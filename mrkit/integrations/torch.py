@@ -167,7 +167,9 @@ def _release_lock_around_segments(torch) -> None:
     """Ask PyTorch's caching allocator to drop its lock while it gets a new segment (its
     ``release_lock_on_cudamalloc`` setting), so mrkit's callback, which needs the GIL, never waits
     for it while holding that lock, which a thread freeing a tensor under the GIL may be waiting for."""
-    settings = getattr(getattr(torch.cuda, "memory", None), "_set_allocator_settings", None)
+    settings = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # PyTorch >= 2.9
+    if settings is None:  # older PyTorch (the name above deprecates this one)
+        settings = getattr(getattr(torch.cuda, "memory", None), "_set_allocator_settings", None)
     if settings is not None:
         settings("release_lock_on_cudamalloc:True")
 
