@@ -179,7 +179,7 @@ def main(argv=None) -> None:
     ap.add_argument("--max-size", type=_size)
     ap.add_argument("--cap", type=_size, default=16 * GiB)
     ap.add_argument("--ops", type=int, default=4000)
-    ap.add_argument("--only", action="append", help="allocators to run (default: all)")
+    ap.add_argument("--only", action="append", help="allocators to run, comma-separated (default: all)")
     ap.add_argument("--timeout", type=int, default=120)
     ap.add_argument("--no-fragmentation", action="store_true")
     ap.add_argument("--json")
@@ -191,7 +191,8 @@ def main(argv=None) -> None:
     from cuda.bindings import driver as cuda
     cuda.cuInit(0)
     total = cuda.cuDeviceTotalMem(cuda.cuDeviceGet(0)[1])[1]
-    names = [n for n in (args.only or ALLOCATORS) if _importable(_NEEDS.get(n.split()[0]))]
+    only = [n.strip() for o in args.only or () for n in o.split(",")]  # --only a,b or --only a --only b
+    names = [n for n in (only or ALLOCATORS) if _importable(_NEEDS.get(n.split()[0]))]
     rows = []
     for max_size in (64 * MiB, 1 * GiB, 4 * GiB):
         for name in names:
