@@ -426,3 +426,24 @@ def test_out_of_memory_trims_the_upstream_before_giving_up():
     pool.deallocate(big, 6 << 20, s)
     pool.deallocate(ptrs[0], 1 << 20, s)
     assert pool.release() == 7 << 20 and pool.pool_size == 0 and up.in_use == 0
+
+
+def test_a_miss_coalesces_the_cache_first_so_best_fit_sees_every_free_block():
+    """Issue 22: a miss used to fit on the coalesced list before looking at blocks freed since (still
+    in the exact-size cache), splitting a larger block needlessly; on the random workload at 95 % of
+    the device that fragmentation ran the pool out of memory in its warm pass. Now the cache
+    coalesces first: the request takes the just-freed block that fits it best."""
+    drv = SimDriver([SimDeviceSpec(total_memory=64 << 20)])
+    pool = PoolResource(CudaMemoryResource(driver=drv), min_chunk=1 << 20, growth_factor=0)
+    s, MiB = DEFAULT_STREAM, 1 << 20
+    x, y = pool.allocate(8 * MiB, s), pool.allocate(3 * MiB, s)
+    pool.deallocate(x, 8 * MiB, s)
+    w = pool.allocate(2 * MiB, s)  # x's chunk is split: 6 MiB of it free
+    pool.deallocate(y, 3 * MiB, s)  # y's whole chunk, freed just now (in the exact-size cache)
+    near = pool.allocate(3 * MiB - 256, s)  # another size: a miss
+    assert near == y  # best fit over everything free, not a cut from the 6 MiB block
+    big = pool.allocate(6 * MiB, s)
+    assert big == w + 2 * MiB and pool.pool_size == 11 * MiB  # the 6 MiB stayed whole: no growth
+    for p, n in ((w, 2 * MiB), (near, 3 * MiB - 256), (big, 6 * MiB)):
+        pool.deallocate(p, n, s)
+    assert pool.release() == 11 * MiB and drv.mem_get_info(0)[0] == 64 << 20  # every byte upstream

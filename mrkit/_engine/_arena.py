@@ -223,10 +223,15 @@ class Arena:
         return ptr
 
     def take_best_fit(self, size: int, stream: Stream) -> int:
-        """:meth:`take` for a source with the default fit and nothing to prepare (lock held): best
-        fit on the stream's free list straight away, :meth:`find` only when that misses."""
+        """:meth:`take` for a source with the default fit and nothing to prepare (lock held): the
+        stream's cached blocks coalesce first, then best fit on its free list; :meth:`find` only when
+        that misses. Coalescing before the fit (not only when it fails) keeps the fit a true best fit:
+        a block freed a moment ago is a candidate, so a larger block is not split needlessly (on the
+        random workload at 95 % of the device, fitting first fragmented the pool into running out)."""
         st = self.states.get(stream.uid)
         if st is not None:
+            if st.cache:
+                st.flush(self.boundaries)
             ptr = st.free.take(size)
             if ptr is not None:
                 return ptr
