@@ -6,6 +6,7 @@ cited where the code relies on it.
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 import weakref
 
 from .._errors import CUDAError, OutOfMemoryError
@@ -223,19 +224,37 @@ class Arena:
         return ptr
 
     def take_best_fit(self, size: int, stream: Stream) -> int:
-        """:meth:`take` for a source with the default fit and nothing to prepare (lock held): the
-        stream's cached blocks coalesce first, then best fit on its free list; :meth:`find` only when
-        that misses. Coalescing before the fit (not only when it fails) keeps the fit a true best fit:
-        a block freed a moment ago is a candidate, so a larger block is not split needlessly (on the
-        random workload at 95 % of the device, fitting first fragmented the pool into running out)."""
+        """:meth:`take` for a source with the default fit and nothing to prepare (lock held): best fit
+        on the stream's free list, :meth:`find` only when that misses. When a cached block (freed
+        since the last coalescing) would fit better than the free list's best, the cache coalesces
+        first, so the fit is a true best fit and a larger block is not split needlessly (fitting on
+        the free list alone fragmented the pool into running out of memory at 95 % of the device)."""
         st = self.states.get(stream.uid)
         if st is not None:
-            if st.cache:
+            cache = st.cache
+            if cache and self._cache_fits_better(cache, st.free.sizes, size):
                 st.flush(self.boundaries)
             ptr = st.free.take(size)
             if ptr is not None:
                 return ptr
         return self.find(size, stream, tried=st is not None)
+
+    @staticmethod
+    def _cache_fits_better(cache: dict, sizes: list, size: int) -> bool:
+        """Whether the exact-size cache holds a block that fits ``size`` better than the free list's
+        best fit (or the cache is large: then coalescing is due anyway). Only then does a miss
+        coalesce the cache, so blocks of other sizes stay cached for their exact-size hits."""
+        if len(cache) > 32:
+            return True
+        i = bisect_left(sizes, (size, 0))
+        if i < len(sizes):
+            best = sizes[i][0]
+            if best == size:
+                return False
+        else:
+            best = 1 << 62
+        # list(): a lock-free free may add a key meanwhile
+        return any(size <= s < best and lst for s, lst in list(cache.items()))
 
     def find(self, size: int, stream: Stream, tried: bool = False) -> int:
         """``size`` bytes for ``stream`` (lock held): its own free memory (unless ``tried`` already),
