@@ -6,8 +6,8 @@ cited where the code relies on it.
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
 import weakref
+from bisect import bisect_left
 
 from .._errors import CUDAError, OutOfMemoryError
 from .._resource import check_request
@@ -62,6 +62,24 @@ class StreamState:
             for p in drain(ptrs):
                 insert(p, size, boundaries)
 
+    def best_fit(self, size: int, boundaries) -> int | None:
+        """Take ``size`` bytes by best fit over all of this stream's free memory (lock held), or None.
+
+        Cached blocks (freed since the last coalescing) join the free list first when one of them fits
+        better than the free list's best, so a larger block is not split needlessly (splitting on the
+        free list alone fragmented the pool into running out of memory at 95 % of the device);
+        otherwise they stay cached for exact-size hits of their own size. A large cache is coalesced
+        anyway."""
+        cache = self.cache
+        if cache:
+            sizes = self.free.sizes
+            i = bisect_left(sizes, (size, 0))
+            best = sizes[i][0] if i < len(sizes) else 1 << 62
+            # list(): a lock-free free may add a key meanwhile
+            if best != size and (len(cache) > 32 or any(size <= s < best and lst for s, lst in list(cache.items()))):
+                self.flush(boundaries)
+        return self.free.take(size)
+
     def empty(self) -> bool:
         cache = self.cache
         return not self.free.sizes and not (cache and any(list(cache.values())))
@@ -104,8 +122,8 @@ class ChunkSource:
         raise NotImplementedError
 
     def fit(self, arena: "Arena", st: StreamState, size: int) -> int | None:
-        """Take ``size`` bytes from ``st``'s free list, or None."""
-        return st.free.take(size)
+        """Take ``size`` bytes from ``st``'s free memory, or None (:meth:`StreamState.best_fit`)."""
+        return st.best_fit(size, arena.boundaries)
 
     def prepare(self, arena: "Arena", ptr: int, size: int, stream: Stream) -> int:
         """Called for every block the locked path hands out; returns the block to hand out (normally
@@ -224,37 +242,14 @@ class Arena:
         return ptr
 
     def take_best_fit(self, size: int, stream: Stream) -> int:
-        """:meth:`take` for a source with the default fit and nothing to prepare (lock held): best fit
-        on the stream's free list, :meth:`find` only when that misses. When a cached block (freed
-        since the last coalescing) would fit better than the free list's best, the cache coalesces
-        first, so the fit is a true best fit and a larger block is not split needlessly (fitting on
-        the free list alone fragmented the pool into running out of memory at 95 % of the device)."""
+        """:meth:`take` for a source with the default fit and nothing to prepare (lock held): the
+        stream's :meth:`StreamState.best_fit` straight away, :meth:`find` only when that misses."""
         st = self.states.get(stream.uid)
         if st is not None:
-            cache = st.cache
-            if cache and self._cache_fits_better(cache, st.free.sizes, size):
-                st.flush(self.boundaries)
-            ptr = st.free.take(size)
+            ptr = st.best_fit(size, self.boundaries)
             if ptr is not None:
                 return ptr
         return self.find(size, stream, tried=st is not None)
-
-    @staticmethod
-    def _cache_fits_better(cache: dict, sizes: list, size: int) -> bool:
-        """Whether the exact-size cache holds a block that fits ``size`` better than the free list's
-        best fit (or the cache is large: then coalescing is due anyway). Only then does a miss
-        coalesce the cache, so blocks of other sizes stay cached for their exact-size hits."""
-        if len(cache) > 32:
-            return True
-        i = bisect_left(sizes, (size, 0))
-        if i < len(sizes):
-            best = sizes[i][0]
-            if best == size:
-                return False
-        else:
-            best = 1 << 62
-        # list(): a lock-free free may add a key meanwhile
-        return any(size <= s < best and lst for s, lst in list(cache.items()))
 
     def find(self, size: int, stream: Stream, tried: bool = False) -> int:
         """``size`` bytes for ``stream`` (lock held): its own free memory (unless ``tried`` already),

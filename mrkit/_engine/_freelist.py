@@ -32,6 +32,17 @@ class FreeList:
         del self.start[ptr]
         del self.end[ptr + size]
 
+    def cut(self, block: int, at: int, size: int) -> int:
+        """Take ``[at, at + size)`` out of the free block that starts at ``block``; what lies before
+        and after it stays free. Returns the start of the piece after it (``at + size``)."""
+        end = block + self.start[block]
+        self.remove(block, end - block)
+        if at > block:
+            self.add(block, at - block)
+        if end > at + size:
+            self.add(at + size, end - at - size)
+        return at + size
+
     def insert(self, ptr: int, size: int, boundaries) -> None:
         """Add a block, coalescing it with free neighbours on both sides (never across a boundary)."""
         sizes, start, end = self.sizes, self.start, self.end

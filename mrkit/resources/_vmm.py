@@ -13,6 +13,8 @@ from ..driver import VMM_HANDLE_TYPES, Driver, get_driver
 
 __all__ = ["VirtualMemoryResource", "VirtualMemoryResourceOptions"]
 
+_PLACEMENT_WINDOW = 8  # with a footprint limit: how many of the smallest fitting free blocks placement weighs
+
 
 @dataclass(frozen=True)
 class VirtualMemoryResourceOptions:
@@ -167,7 +169,7 @@ class _VirtualChunks(ChunkSource):
         self._spare_bytes = 0
         self._live_high = 0  # live bytes high-water mark, as seen when pages are mapped
         self._moves = 0
-        self._placement_window = 8 if opts.footprint_limit is not None else 1
+        self._by_mapping = opts.footprint_limit is not None  # placement looks at what is mapped
 
     def __repr__(self) -> str:
         return repr(self.arena.owner)
@@ -205,7 +207,7 @@ class _VirtualChunks(ChunkSource):
         elif st.cache:
             st.flush(arena.boundaries)
         top = st.free.end.get(self._top)
-        if self._placement_window > 1:
+        if self._by_mapping:
             ptr = self._fit_mapped(st.free, size, top)
             if ptr is not None:
                 return ptr
@@ -213,7 +215,7 @@ class _VirtualChunks(ChunkSource):
 
     def _fit_mapped(self, free: FreeList, size: int, top: int | None) -> int | None:
         """Placement that saves driver calls: of the few smallest free blocks that hold ``size``
-        (``_placement_window``), the one where the block would need the fewest pages mapped, at
+        (``_PLACEMENT_WINDOW``), the one where the block would need the fewest pages mapped, at
         whichever end of it needs fewer; None when the best fit already needs none (the caller
         takes it) or nothing fits."""
         sizes = free.sizes
@@ -225,7 +227,7 @@ class _VirtualChunks(ChunkSource):
         if ptr != top and cov.covers((ptr - base) // page, (ptr + size - 1 - base) // page + 1):
             return None  # the plain best fit needs nothing mapped: the usual case, one bisection
         best = None
-        for bsize, ptr in sizes[i:i + self._placement_window]:
+        for bsize, ptr in sizes[i:i + _PLACEMENT_WINDOW]:
             if ptr == top:
                 continue
             for at in ((ptr,) if bsize == size else (ptr, ptr + bsize - size)):
@@ -239,12 +241,8 @@ class _VirtualChunks(ChunkSource):
                 break
         if best is None or (best[2] == sizes[i][1] and best[3] == best[2]):
             return None  # the plain best fit is the choice
-        _, bsize, ptr, at = best
-        free.remove(ptr, bsize)
-        if at > ptr:
-            free.add(ptr, at - ptr)
-        if at + size < ptr + bsize:
-            free.add(at + size, ptr + bsize - at - size)
+        _, _, ptr, at = best
+        free.cut(ptr, at, size)
         return at
 
     def prepare(self, arena, ptr, size, stream):
@@ -295,7 +293,6 @@ class _VirtualChunks(ChunkSource):
         if not gaps:
             return
         limit = self.options.footprint_limit
-        run_pages = self._run_pages
         if limit is not None:
             self._make_room(sum(b - a for a, b in gaps), size, limit)
         drv, dev = self.driver, self.device_id
@@ -312,7 +309,7 @@ class _VirtualChunks(ChunkSource):
                         n, h = 0, None
                     moved = h is not None
                     if not moved:
-                        n = min(b - a, run_pages)
+                        n = min(b - a, self._run_pages)
                         h = drv.mem_create(self._location, n * page, self.options.handle_type)
                     va, nbytes = base + a * page, n * page
                     try:
@@ -485,15 +482,8 @@ class _VirtualChunks(ChunkSource):
             for first, n, h, lo, hi, block in runs:
                 by_block.setdefault(block, []).append((lo, hi))
             for block, spans in by_block.items():  # carve the runs out: the gaps stay free
-                end = block + st.free.start[block]
-                st.free.remove(block, end - block)
-                cursor = block
                 for lo, hi in sorted(spans):
-                    if lo > cursor:
-                        st.free.add(cursor, lo - cursor)
-                    cursor = hi
-                if end > cursor:
-                    st.free.add(cursor, end - cursor)
+                    block = st.free.cut(block, lo, hi - lo)
             ev = drv.event_create(self.device_id)
             with device_scope(drv, self.device_id, st.stream):
                 drv.event_record(ev, st.stream.handle)
