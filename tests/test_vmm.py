@@ -394,6 +394,12 @@ def test_footprint_limit_is_validated():
         VirtualMemoryResourceOptions(footprint_limit=0.5)
 
 
+@pytest.mark.parametrize("value", [0, "0 B"])
+def test_a_zero_max_mapping_is_refused_not_taken_as_one_page(value):
+    with pytest.raises(ValueError, match="max_mapping must be positive"):
+        VirtualMemoryResourceOptions(max_mapping=value)
+
+
 @pytest.mark.parametrize("limit", [None, 2.0])
 def test_with_a_footprint_limit_a_block_goes_where_pages_are_already_mapped(limit):
     """Issue 22: moving pages costs driver calls; with a limit, of the few smallest free blocks that

@@ -62,6 +62,8 @@ class VirtualMemoryResourceOptions:
                 object.__setattr__(self, f, parse_size(v, f))
         if self.max_mapping is not None:
             object.__setattr__(self, "max_mapping", parse_size(self.max_mapping, "max_mapping"))
+            if self.max_mapping == 0:
+                raise ValueError("max_mapping must be positive (None: 64 MiB, or 256 MiB with footprint_limit)")
         if self.release_fraction is not None and not self.release_fraction >= 0:
             raise ValueError(f"release_fraction must be >= 0, got {self.release_fraction}")
         if self.footprint_limit is not None and not self.footprint_limit >= 1.0:
