@@ -47,7 +47,7 @@ def test_blocks_of_different_chunks_never_merge(backend):
     pool.deallocate(a, 4096, s)
     pool.deallocate(b, 4096, s)
     pool.arena.states[s.uid].flush(pool.arena.boundaries)
-    sizes = sorted(sz for sz, _ in pool.arena.states[s.uid].free.sizes)
+    sizes = sorted(sz for sz, _ in pool.arena.states[s.uid].free.blocks())
     assert sizes == [4096, 4096]  # even if the chunks happen to be adjacent
     assert pool.release() == 8192
 

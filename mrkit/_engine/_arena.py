@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from bisect import bisect_left
 
 from .._errors import CUDAError, OutOfMemoryError
 from .._resource import check_request
@@ -72,9 +71,7 @@ class StreamState:
         anyway."""
         cache = self.cache
         if cache:
-            sizes = self.free.sizes
-            i = bisect_left(sizes, (size, 0))
-            best = sizes[i][0] if i < len(sizes) else 1 << 62
+            best = self.free.fits(size) or 1 << 62
             # list(): a lock-free free may add a key meanwhile
             if best != size and (len(cache) > 32 or any(size <= s < best and lst for s, lst in list(cache.items()))):
                 self.flush(boundaries)
@@ -364,7 +361,7 @@ class Arena:
             return 0
         released = 0
         stream = st.stream if self.ordered else DEFAULT_STREAM
-        for size, ptr in list(st.free.sizes):
+        for size, ptr in st.free.blocks():
             if self.chunks.get(ptr) == size:
                 st.free.remove(ptr, size)
                 try:

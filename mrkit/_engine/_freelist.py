@@ -1,4 +1,4 @@
-"""Free lists: best fit on a size-sorted list, O(1) neighbour coalescing through address maps."""
+"""Free lists: size classes with best fit by one bisection, O(1) neighbour coalescing through address maps."""
 from __future__ import annotations
 
 from bisect import bisect_left, insort
@@ -7,28 +7,48 @@ __all__ = ["FreeList", "drain"]
 
 
 class FreeList:
-    """Free blocks of one stream: ``sizes`` (sorted ``(size, ptr)`` pairs, for best fit), ``start``
-    (ptr -> size) and ``end`` (end address -> ptr), for coalescing with both neighbours in O(1).
-    Blocks never merge across an address in ``boundaries`` (the start of an upstream chunk).
+    """Free blocks of one stream, indexed by size class: ``sizes`` (the distinct free sizes, sorted:
+    best fit is one bisection over plain ints), ``bins`` (size -> the blocks of that size, an
+    insertion-ordered dict used as a set: any block leaves it in O(1)), ``start`` (ptr -> size) and
+    ``end`` (end address -> ptr), for coalescing with both neighbours in O(1). Best fit takes the block
+    of the smallest size that holds the request, the most recently freed one of that size. Blocks never
+    merge across an address in ``boundaries`` (the start of an upstream chunk).
 
     Not thread-safe: only ever touched under its arena's lock."""
 
-    __slots__ = ("sizes", "start", "end")
+    __slots__ = ("sizes", "bins", "start", "end")
 
     def __init__(self) -> None:
-        self.sizes: list[tuple[int, int]] = []
+        self.sizes: list[int] = []
+        self.bins: dict[int, dict[int, None]] = {}
         self.start: dict[int, int] = {}
         self.end: dict[int, int] = {}
 
+    def __len__(self) -> int:
+        return len(self.start)
+
     def add(self, ptr: int, size: int) -> None:
         """Add a block without coalescing."""
-        insort(self.sizes, (size, ptr))
+        b = self.bins.get(size)
+        if b is None:
+            self.bins[size] = {ptr: None}
+            insort(self.sizes, size)
+        else:
+            b[ptr] = None
         self.start[ptr] = size
         self.end[ptr + size] = ptr
 
+    def _unbin(self, ptr: int, size: int) -> None:
+        b = self.bins[size]
+        del b[ptr]
+        if not b:
+            del self.bins[size]
+            sizes = self.sizes
+            del sizes[bisect_left(sizes, size)]
+
     def remove(self, ptr: int, size: int) -> None:
         """Remove the free block ``[ptr, ptr + size)`` (it must be one)."""
-        del self.sizes[bisect_left(self.sizes, (size, ptr))]
+        self._unbin(ptr, size)
         del self.start[ptr]
         del self.end[ptr + size]
 
@@ -45,60 +65,109 @@ class FreeList:
 
     def insert(self, ptr: int, size: int, boundaries) -> None:
         """Add a block, coalescing it with free neighbours on both sides (never across a boundary)."""
-        sizes, start, end = self.sizes, self.start, self.end
+        start, end = self.start, self.end
         nxt = ptr + size
         nsize = start.get(nxt)
         if nsize is not None and nxt not in boundaries:
-            del sizes[bisect_left(sizes, (nsize, nxt))]
+            self._unbin(nxt, nsize)
             del start[nxt]
             del end[nxt + nsize]
             size += nsize
         prev = end.get(ptr)
         if prev is not None and ptr not in boundaries:
             psize = start.pop(prev)
-            del sizes[bisect_left(sizes, (psize, prev))]
+            self._unbin(prev, psize)
             del end[ptr]
             ptr, size = prev, size + psize
-        insort(sizes, (size, ptr))
+        b = self.bins.get(size)
+        if b is None:
+            self.bins[size] = {ptr: None}
+            insort(self.sizes, size)
+        else:
+            b[ptr] = None
         start[ptr] = size
         end[ptr + size] = ptr
 
     def take(self, size: int, spare: int | None = None) -> int | None:
-        """Best fit: cut ``size`` bytes from the smallest block that holds them (the remainder stays
-        free); the block at ``spare`` only when nothing else fits. None when nothing fits."""
+        """Best fit: cut ``size`` bytes from a block of the smallest size that holds them (the
+        remainder stays free); the block at ``spare`` only when nothing else fits. None when nothing
+        fits."""
         sizes = self.sizes
-        i = bisect_left(sizes, (size, 0))
+        i = bisect_left(sizes, size)
         if i == len(sizes):
             return None
-        bsize, ptr = sizes[i]
-        if ptr == spare and i + 1 < len(sizes):
-            i += 1
-            bsize, ptr = sizes[i]
-        del sizes[i]
-        start, end = self.start, self.end
+        bins = self.bins
+        bsize = sizes[i]
+        b = bins[bsize]
+        ptr = b.popitem()[0]
+        if ptr == spare:
+            if b:  # another block of the same size
+                other = b.popitem()[0]
+                b[ptr] = None
+                ptr = other
+            elif i + 1 < len(sizes):  # the next size up
+                b[ptr] = None
+                i += 1
+                bsize = sizes[i]
+                b = bins[bsize]
+                ptr = b.popitem()[0]
+        if not b:
+            del bins[bsize]
+            del sizes[i]
+        start = self.start
         del start[ptr]
-        if bsize > size:
+        if bsize > size:  # the remainder: its neighbours are not free (the block was maximal)
             rest, rsize = ptr + size, bsize - size
-            insort(sizes, (rsize, rest))
+            rb = bins.get(rsize)
+            if rb is None:
+                bins[rsize] = {rest: None}
+                insort(sizes, rsize)
+            else:
+                rb[rest] = None
             start[rest] = rsize
-            end[ptr + bsize] = rest
+            self.end[ptr + bsize] = rest
         else:
-            del end[ptr + bsize]
+            del self.end[ptr + bsize]
         return ptr
+
+    def fits(self, size: int) -> int | None:
+        """The smallest free size that holds ``size``, or None."""
+        sizes = self.sizes
+        i = bisect_left(sizes, size)
+        return sizes[i] if i < len(sizes) else None
+
+    def candidates(self, size: int, n: int):
+        """Up to ``n`` blocks ``(size, ptr)`` that hold ``size``, best fit first (the first is the one
+        :meth:`take` would cut from, ignoring ``spare``)."""
+        sizes, bins = self.sizes, self.bins
+        out = []
+        for s in sizes[bisect_left(sizes, size):]:
+            for p in reversed(bins[s]):
+                out.append((s, p))
+                if len(out) == n:
+                    return out
+        return out
+
+    def blocks(self) -> list[tuple[int, int]]:
+        """Every free block as ``(size, ptr)``, smallest first (a list: safe to change the free list
+        while walking it)."""
+        bins = self.bins
+        return [(s, p) for s in self.sizes for p in bins[s]]
 
     def absorb(self, other: "FreeList", boundaries) -> "FreeList":
         """Merge ``other`` into whichever of the two is larger and return that one (the smaller list
         is inserted into the larger, so a hand-over to a stream with nothing free is O(1))."""
-        big, small = (self, other) if len(self.sizes) >= len(other.sizes) else (other, self)
-        for size, ptr in small.sizes:
+        big, small = (self, other) if len(self.start) >= len(other.start) else (other, self)
+        for size, ptr in small.blocks():
             big.insert(ptr, size, boundaries)
         return big
 
     def largest(self) -> int:
-        return self.sizes[-1][0] if self.sizes else 0
+        return self.sizes[-1] if self.sizes else 0
 
     def total(self) -> int:
-        return sum(s for s, _ in self.sizes)
+        bins = self.bins
+        return sum(s * len(bins[s]) for s in self.sizes)
 
 
 def drain(lst: list):

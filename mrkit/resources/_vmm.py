@@ -220,16 +220,15 @@ class _VirtualChunks(ChunkSource):
         (``_PLACEMENT_WINDOW``), the one where the block would need the fewest pages mapped, at
         whichever end of it needs fewer; None when the best fit already needs none (the caller
         takes it) or nothing fits."""
-        sizes = free.sizes
-        i = bisect_left(sizes, (size, 0))
-        if i == len(sizes):
+        window = free.candidates(size, _PLACEMENT_WINDOW)
+        if not window:
             return None
         page, base, cov = self.page, self.base, self._cov
-        bsize, ptr = sizes[i]
+        bsize, ptr = window[0]
         if ptr != top and cov.covers((ptr - base) // page, (ptr + size - 1 - base) // page + 1):
-            return None  # the plain best fit needs nothing mapped: the usual case, one bisection
+            return None  # the plain best fit needs nothing mapped: the usual case
         best = None
-        for bsize, ptr in sizes[i:i + _PLACEMENT_WINDOW]:
+        for bsize, ptr in window:
             if ptr == top:
                 continue
             for at in ((ptr,) if bsize == size else (ptr, ptr + bsize - size)):
@@ -241,7 +240,7 @@ class _VirtualChunks(ChunkSource):
                     break
             if best[0] == 0:
                 break
-        if best is None or (best[2] == sizes[i][1] and best[3] == best[2]):
+        if best is None or (best[2] == window[0][1] and best[3] == best[2]):
             return None  # the plain best fit is the choice
         _, _, ptr, at = best
         free.cut(ptr, at, size)

@@ -52,8 +52,8 @@ MUTANTS = [
            "            rest, rsize = ptr + size, bsize - size",
            "            rest, rsize = ptr + size - 256, bsize - size + 256", POOLS + VMMS[:1]),
     Mutant("best fit may pick a block that is too small", "_engine/_freelist.py",
-           "        i = bisect_left(sizes, (size, 0))\n        if i == len(sizes):",
-           "        i = max(0, bisect_left(sizes, (size, 0)) - 1)\n        if i == len(sizes):", POOLS + VMMS[:1]),
+           "        i = bisect_left(sizes, size)\n        if i == len(sizes):\n            return None\n        bins",
+           "        i = max(0, bisect_left(sizes, size) - 1)\n        if i == len(sizes):\n            return None\n        bins", POOLS + VMMS[:1]),
     # -- the hot path -------------------------------------------------------------------------------
     Mutant("a cache hit is not recorded as live", "_engine/_hot.py",
            "                live[ptr] = nbytes\n                return ptr",
