@@ -431,8 +431,9 @@ def test_out_of_memory_trims_the_upstream_before_giving_up():
 def test_a_miss_coalesces_the_cache_first_so_best_fit_sees_every_free_block():
     """Issue 22: a miss used to fit on the coalesced list before looking at blocks freed since (still
     in the exact-size cache), splitting a larger block needlessly; on the random workload at 95 % of
-    the device that fragmentation ran the pool out of memory in its warm pass. Now the cache
-    coalesces first: the request takes the just-freed block that fits it best."""
+    the device that fragmentation ran the pool out of memory in its warm pass. Now a size that does
+    not repeat coalesces into the free list as it is freed: the request takes the just-freed block
+    that fits it best."""
     drv = SimDriver([SimDeviceSpec(total_memory=64 << 20)])
     pool = PoolResource(CudaMemoryResource(driver=drv), min_chunk=1 << 20, growth_factor=0)
     s, MiB = DEFAULT_STREAM, 1 << 20
@@ -447,3 +448,80 @@ def test_a_miss_coalesces_the_cache_first_so_best_fit_sees_every_free_block():
     for p, n in ((w, 2 * MiB), (near, 3 * MiB - 256), (big, 6 * MiB)):
         pool.deallocate(p, n, s)
     assert pool.release() == 11 * MiB and drv.mem_get_info(0)[0] == 64 << 20  # every byte upstream
+
+
+def _hot(pool, stream=DEFAULT_STREAM):
+    return set(pool.arena.states[stream.uid].cache)
+
+
+def test_a_size_is_cached_only_once_it_repeats():
+    """Issue 22: on random sizes the exact-size cache only held blocks nobody asked for again (and
+    cost a coalescing pass later). A size gets a cache list when it misses a second time within
+    ``HOT_DISTANCE`` misses; until then its blocks coalesce into the free list as they are freed."""
+    from mrkit._engine._arena import HOT_DISTANCE
+    drv = SimDriver([SimDeviceSpec(total_memory=64 << 20)])
+    pool = PoolResource(CudaMemoryResource(driver=drv), min_chunk=4 << 20, growth_factor=0)
+    s = DEFAULT_STREAM
+    p = pool.allocate(5000, s)
+    pool.deallocate(p, 5000, s)
+    st = pool.arena.states[s.uid]
+    assert _hot(pool) == set() and st.free.blocks() == [(4 << 20, p)]  # coalesced whole again
+    q = pool.allocate(5000, s)  # the second miss: 5120 bytes becomes hot
+    assert q == p and _hot(pool) == {5120}
+    pool.deallocate(q, 5000, s)
+    assert st.cache[5120] == [q] and len(st.free) == 1  # cached, the rest of the chunk free
+    assert pool.allocate(5000, s) == q and st.cache[5120] == []  # the lock-free hit
+    pool.deallocate(q, 5000, s)
+    # a size that comes back only after more than HOT_DISTANCE other misses stays cold
+    r = pool.allocate(7000, s)
+    pool.deallocate(r, 7000, s)
+    for k in range(HOT_DISTANCE):
+        pool.deallocate(pool.allocate(8192 + 256 * k, s), 8192 + 256 * k, s)
+    pool.deallocate(pool.allocate(7000, s), 7000, s)
+    assert 7168 not in _hot(pool) and 5120 in _hot(pool)
+    assert pool.release() == 4 << 20 and drv.mem_get_info(0)[0] == 64 << 20
+
+
+def test_a_cached_block_of_a_larger_hot_size_serves_a_miss_it_fits_best():
+    """The cache is part of best fit: a miss takes a cached block of a larger hot size when no free
+    block fits closer, and its remainder coalesces into the free list."""
+    drv = SimDriver([SimDeviceSpec(total_memory=64 << 20)])
+    pool = PoolResource(CudaMemoryResource(driver=drv), min_chunk=1 << 20, growth_factor=0)
+    s, MiB = DEFAULT_STREAM, 1 << 20
+    for _ in range(2):  # 3 MiB becomes hot
+        pool.deallocate(pool.allocate(3 * MiB, s), 3 * MiB, s)
+    x, y = pool.allocate(8 * MiB, s), pool.allocate(3 * MiB, s)
+    pool.deallocate(x, 8 * MiB, s)
+    w = pool.allocate(2 * MiB, s)  # x's chunk is split: 6 MiB of it free
+    pool.deallocate(y, 3 * MiB, s)
+    st = pool.arena.states[s.uid]
+    assert st.cache[3 * MiB] == [y]
+    near = pool.allocate(3 * MiB - 4096, s)
+    assert near == y and st.cache[3 * MiB] == []  # not a cut from the 6 MiB block
+    assert st.free.start[y + 3 * MiB - 4096] == 4096  # the remainder is free
+    big = pool.allocate(6 * MiB, s)
+    assert big == w + 2 * MiB  # the 6 MiB stayed whole
+    for p, n in ((w, 2 * MiB), (near, 3 * MiB - 4096), (big, 6 * MiB)):
+        pool.deallocate(p, n, s)
+    assert pool.live_bytes == 0
+    pool.release()
+    assert pool.pool_size == 0 and drv.mem_get_info(0)[0] == 64 << 20
+
+
+def test_more_hot_sizes_than_max_hot_start_the_cache_afresh_and_lose_nothing():
+    from mrkit._engine._arena import MAX_HOT
+    drv = SimDriver([SimDeviceSpec(total_memory=256 << 20)])
+    pool = PoolResource(CudaMemoryResource(driver=drv))
+    s = DEFAULT_STREAM
+    sizes = [256 * (k + 1) for k in range(MAX_HOT + 40)]
+    ptrs = []
+    for n in sizes:
+        pool.deallocate(pool.allocate(n, s), n, s)
+        ptrs.append((pool.allocate(n, s), n))  # the second miss: hot
+    for p, n in ptrs:
+        pool.deallocate(p, n, s)
+    st = pool.arena.states[s.uid]
+    assert 0 < len(st.cache) <= MAX_HOT and st.hot == sorted(st.cache)
+    assert pool.free_bytes == pool.pool_size  # every block is free (cached or in the free list)
+    pool.release()
+    assert pool.pool_size == 0 and drv.mem_get_info(0)[0] == 256 << 20

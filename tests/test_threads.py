@@ -113,6 +113,23 @@ def test_release_racing_allocation_loses_nothing(backend, churn):
         s.close()
 
 
+def test_hot_and_cold_sizes_racing_release_lose_nothing():
+    """Issue 22: sizes that repeat are cached (lock-free), the others coalesce into the free list when
+    freed (under the lock), and a size becomes hot under the lock while other threads free it
+    lock-free. Four threads on four streams mix both kinds while release() runs in a loop; at the end
+    every byte is back upstream."""
+    drv = SimDriver([SimDeviceSpec(total_memory=1 << 30)])
+    pool = PoolResource(CudaMemoryResource(driver=drv))
+    rng = random.Random(3)
+    cold = tuple(rng.randrange(1, 64 * MiB) for _ in range(20000))  # seldom the same size twice
+    streams = _run(pool, drv, threads=4, ops=1500, churn=pool.release, sizes=(4096, 65536) * 5000 + cold)
+    hot = {size for st in pool.arena.states.values() for size in (st.cache or {})}
+    assert {4096, 65536} <= hot and len(hot) < 40  # the repeated sizes got cache lists, few others
+    _conserve(pool, lambda: sum(s for _, s, k in drv.regions() if k == "device"))
+    for s in streams:
+        s.close()
+
+
 def test_out_of_memory_reclaim_racing_allocation_loses_nothing():
     drv = SimDriver(devices=[SimDeviceSpec(total_memory=24 * MiB)], policy="eager")
     pool = PoolResource(DeviceMemoryResource(driver=drv))

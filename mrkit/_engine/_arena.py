@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from bisect import bisect_left, insort
 
 from .._errors import CUDAError, OutOfMemoryError
 from .._resource import check_request
@@ -19,24 +20,48 @@ from ._hot import plain_paths
 __all__ = ["Arena", "ChunkSource", "StreamState", "GRAIN"]
 
 GRAIN = 256  # every block size and offset is a multiple of this
+MAX_HOT = 256  # cached sizes per stream; past this the cache starts afresh
+_CACHE_WINDOW = 8  # larger hot sizes a miss looks at before the free list's best fit
+_MISSED_MAX = 4096  # sizes remembered as having missed once
+HOT_DISTANCE = 64  # a size that misses again within this many misses gets a cache list
 
 
 class StreamState:
     """Free memory owned by one stream: ``cache`` (exact size -> list of blocks; the lock-free fast
-    path) and ``free`` (a coalesced :class:`FreeList`, touched only under the lock).
+    path), ``hot`` (the cache's sizes, sorted) and ``free`` (a coalesced :class:`FreeList`, touched
+    only under the lock).
+
+    Only *hot* sizes are cached: a size gets a cache list (:meth:`register`, under the lock) when it
+    misses the cache a second time; a block of any other size coalesces into the free list when it is
+    freed. A workload that repeats its sizes (pairs, a training step) runs lock-free on the cache; one
+    whose sizes do not repeat (random sizes) pays one best fit per allocation and one coalescing
+    insert per free, with nothing left in a cache to fragment the free list.
 
     ``cache`` is ``None`` once the state is retired: a lock-free path that finds ``None`` takes the
     locked path instead (rule 4)."""
 
-    __slots__ = ("stream", "cache", "free")
+    __slots__ = ("stream", "cache", "hot", "free")
 
     def __init__(self, stream: Stream) -> None:
         self.stream = stream
         self.cache: dict[int, list[int]] | None = {}
+        self.hot: list[int] = []
         self.free = FreeList()
 
-    def flush(self, boundaries) -> None:
-        """Coalesce the exact-size cache into the free list (lock held).
+    def register(self, size: int, boundaries) -> None:
+        """Give ``size`` a cache list (lock held). Past ``MAX_HOT`` sizes the cache starts afresh."""
+        cache = self.cache
+        if cache is None or size in cache:
+            return
+        if len(self.hot) >= MAX_HOT:
+            self.flush(boundaries, forget=True)
+            cache = self.cache
+        cache[size] = []
+        insort(self.hot, size)
+
+    def flush(self, boundaries, forget: bool = False) -> None:
+        """Coalesce the cached blocks into the free list (lock held); the sizes stay registered unless
+        ``forget``.
 
         Rule 3: the dict is swapped first, then each list is drained with atomic pops, so every block
         is taken by exactly one party; a block appended to a list after it was drained is rescued by
@@ -44,38 +69,53 @@ class StreamState:
         old = self.cache
         if not old:  # empty, or retired
             return
-        self.cache = {}
+        if forget:
+            self.cache, self.hot = {}, []
+        else:
+            self.cache = {size: [] for size in old}
         self._drain(old, boundaries)
 
     def retire(self, boundaries) -> None:
         """Detach the cache for good (lock held): ``cache`` becomes ``None`` first, then the old one is
         drained into the free list."""
         old, self.cache = self.cache, None
+        self.hot = []
         if old:
             self._drain(old, boundaries)
 
     def _drain(self, old: dict, boundaries) -> None:
         insert = self.free.insert
-        # list(): a lock-free free may still add a key to the old dict (it then rescues its block)
-        for size, ptrs in list(old.items()):
+        for size, ptrs in old.items():  # only the lock adds keys
             for p in drain(ptrs):
                 insert(p, size, boundaries)
 
     def best_fit(self, size: int, boundaries) -> int | None:
         """Take ``size`` bytes by best fit over all of this stream's free memory (lock held), or None.
 
-        Cached blocks (freed since the last coalescing) join the free list first when one of them fits
-        better than the free list's best, so a larger block is not split needlessly (splitting on the
-        free list alone fragmented the pool into running out of memory at 95 % of the device);
-        otherwise they stay cached for exact-size hits of their own size. A large cache is coalesced
-        anyway."""
-        cache = self.cache
-        if cache:
-            best = self.free.fits(size) or 1 << 62
-            # list(): a lock-free free may add a key meanwhile
-            if best != size and (len(cache) > 32 or any(size <= s < best and lst for s, lst in list(cache.items()))):
-                self.flush(boundaries)
-        return self.free.take(size)
+        A cached block of a larger hot size serves the request when it fits better than the free
+        list's best (it is split, the rest coalesces into the free list), so a larger block is not
+        split needlessly while a closer one sits in the cache (splitting on the free list alone
+        fragmented the pool into running out of memory at 95 % of the device)."""
+        hot = self.hot
+        free = self.free
+        if hot:
+            j = bisect_left(hot, size)
+            if j < len(hot):
+                best = free.fits(size) or 1 << 62
+                cache = self.cache
+                for s in hot[j:j + _CACHE_WINDOW]:
+                    if s >= best:
+                        break
+                    lst = cache.get(s)
+                    if lst:
+                        try:
+                            ptr = lst.pop()
+                        except IndexError:  # a lock-free hit took the last one
+                            continue
+                        if s > size:
+                            free.insert(ptr + size, s - size, boundaries)
+                        return ptr
+        return free.take(size)
 
     def empty(self) -> bool:
         cache = self.cache
@@ -84,6 +124,11 @@ class StreamState:
     def bytes(self) -> int:
         cache = self.cache or {}
         return self.free.total() + sum(s * len(v) for s, v in list(cache.items()))
+
+    def cached(self) -> bool:
+        """Whether any block is in the cache (lock held)."""
+        cache = self.cache
+        return bool(cache) and any(list(cache.values()))
 
 
 class _OneState(dict):
@@ -131,6 +176,11 @@ class ChunkSource:
         """Return the wholly free chunk ``[ptr, ptr + size)`` (freed on ``stream``)."""
         raise NotImplementedError
 
+    def quick_take(self, arena: "Arena"):
+        """A replacement for :meth:`Arena.take` (the hot path's miss) that does what :meth:`fit`
+        and :meth:`prepare` would, in fewer calls; None (the default) keeps the general one."""
+        return None
+
     def trim_upstream(self) -> bool:
         """Last step of the out-of-memory reclaim, after the idle chunks went back: ask the upstream
         to return what it keeps cached (the driver's pool keeps freed memory reserved until a
@@ -162,9 +212,13 @@ class Arena:
         self.boundaries: set[int] = set()  # chunk bases: blocks never coalesce across them
         self.held = 0
         self.event = None
+        self.missed: dict[int, int] = {}  # size -> when it last missed the cache (see missed_again)
+        self.misses = 0
         self._prepare = source.prepare if source.prepares else None
         if not source.prepares and type(source).fit is ChunkSource.fit:
             self.take = self.take_best_fit  # the hot path's miss: one frame to the free list
+        else:
+            self.take = source.quick_take(self) or self.take
         self.allocate, self.deallocate = plain_paths(self)
 
     @property
@@ -231,22 +285,38 @@ class Arena:
 
     # -- the locked allocation path ---------------------------------------------------------------
     def take(self, size: int, stream: Stream) -> int:
-        """Find ``size`` bytes for ``stream`` and make them usable (lock held)."""
+        """Find ``size`` bytes for ``stream`` and make them usable (lock held): a cache miss."""
         ptr = self.find(size, stream)
         prepare = self._prepare
         if prepare is not None:
             ptr = prepare(self, ptr, size, stream)
+        self.missed_again(size, stream)
         return ptr
 
     def take_best_fit(self, size: int, stream: Stream) -> int:
         """:meth:`take` for a source with the default fit and nothing to prepare (lock held): the
         stream's :meth:`StreamState.best_fit` straight away, :meth:`find` only when that misses."""
         st = self.states.get(stream.uid)
-        if st is not None:
+        if st is None:
+            ptr = self.find(size, stream)
+        else:
             ptr = st.best_fit(size, self.boundaries)
-            if ptr is not None:
-                return ptr
-        return self.find(size, stream, tried=st is not None)
+            if ptr is None:
+                ptr = self.find(size, stream, tried=True)
+        self.missed_again(size, stream)
+        return ptr
+
+    def missed_again(self, size: int, stream: Stream) -> None:
+        """Note a cache miss of ``size`` (lock held); the second one makes the size hot for the
+        stream (:meth:`StreamState.register`), so its frees are cached from then on."""
+        missed = self.missed
+        n = self.misses = self.misses + 1
+        last = missed.get(size)
+        if last is not None and n - last <= HOT_DISTANCE:
+            self.state(stream).register(size, self.boundaries)
+        elif len(missed) >= _MISSED_MAX:
+            missed.clear()
+        missed[size] = n
 
     def find(self, size: int, stream: Stream, tried: bool = False) -> int:
         """``size`` bytes for ``stream`` (lock held): its own free memory (unless ``tried`` already),
@@ -258,7 +328,7 @@ class Arena:
             ptr = fit(self, st, size)
             if ptr is not None:
                 return ptr
-        if st.cache:
+        if st.cached():
             st.flush(self.boundaries)
             ptr = fit(self, st, size)
             if ptr is not None:
@@ -423,20 +493,22 @@ class Arena:
             if n != nbytes:
                 raise ValueError(f"nbytes {nbytes} does not match the allocation of {n} bytes at {ptr:#x}")
             del self.aligned[ptr]
-        self.cache_block(block, size, stream)
+        self.free_block(block, size, stream)
 
-    def cache_block(self, block: int, size: int, stream: Stream) -> None:
-        """Put a freed block in its stream's exact-size cache (lock held)."""
+    def free_block(self, block: int, size: int, stream: Stream) -> None:
+        """A freed block (lock held): into its stream's cache when the size is hot, else coalesced
+        into its free list."""
         st = self.state(stream)  # a state in the table is never retired (rule 4)
-        new = [block]
-        lst = st.cache.setdefault(size, new)  # never overwrite: a lock-free free may have added the key
-        if lst is not new:
+        lst = st.cache.get(size)
+        if lst is None:
+            st.free.insert(block, size, self.boundaries)
+        else:
             lst.append(block)
 
     def rescue(self, lst: list, size: int, stream: Stream) -> None:
         """Re-home blocks appended to a cache list that is no longer attached (lock held)."""
         for p in drain(lst):
-            self.cache_block(p, size, stream)
+            self.free_block(p, size, stream)
 
     def close_event(self) -> None:
         if self.event is not None and self.driver is not None:

@@ -65,24 +65,32 @@ class FreeList:
 
     def insert(self, ptr: int, size: int, boundaries) -> None:
         """Add a block, coalescing it with free neighbours on both sides (never across a boundary)."""
-        start, end = self.start, self.end
+        start, end, bins, sizes = self.start, self.end, self.bins, self.sizes
         nxt = ptr + size
         nsize = start.get(nxt)
-        if nsize is not None and nxt not in boundaries:
-            self._unbin(nxt, nsize)
+        if nsize is not None and nxt not in boundaries:  # the next block joins
+            b = bins[nsize]
+            del b[nxt]
+            if not b:
+                del bins[nsize]
+                del sizes[bisect_left(sizes, nsize)]
             del start[nxt]
             del end[nxt + nsize]
             size += nsize
         prev = end.get(ptr)
-        if prev is not None and ptr not in boundaries:
+        if prev is not None and ptr not in boundaries:  # the previous block joins
             psize = start.pop(prev)
-            self._unbin(prev, psize)
+            b = bins[psize]
+            del b[prev]
+            if not b:
+                del bins[psize]
+                del sizes[bisect_left(sizes, psize)]
             del end[ptr]
             ptr, size = prev, size + psize
-        b = self.bins.get(size)
+        b = bins.get(size)
         if b is None:
-            self.bins[size] = {ptr: None}
-            insort(self.sizes, size)
+            bins[size] = {ptr: None}
+            insort(sizes, size)
         else:
             b[ptr] = None
         start[ptr] = size

@@ -11,8 +11,7 @@ Three variants share one shape and differ only in what they add:
   remember each block's stream until it is freed.
 
 The lock-free part reads only single atomic built-in operations (locking rule 1 in
-``docs/design.md``): ``states.get(uid)``, a cache list's ``pop``/``append``, ``cache.get``/
-``cache.setdefault``, ``live[ptr] = n`` / ``live.pop(ptr)``. A retired state's cache is ``None``
+``docs/design.md``): ``states.get(uid)``, a cache list's ``pop``/``append``, ``cache.get``, ``live[ptr] = n`` / ``live.pop(ptr)``. A retired state's cache is ``None``
 (rule 4): ``None.get`` raises ``AttributeError`` and the path falls back to the lock. A free appends,
 then checks that its cache is still attached (rule 3); if not, it rescues the block under the lock.
 Everything else is ``Arena`` code under ``arena.lock``.
@@ -88,20 +87,15 @@ def _plain_deallocate(ptr, nbytes, stream, alignment=256):
         except AttributeError:  # retired
             pass
         else:
-            if lst is None:  # first block of this size: insert-or-get, one atomic dict operation
-                new = [ptr]
-                lst = cache.setdefault(size, new)
-                if lst is not new:
-                    lst.append(ptr)
-            else:
+            if lst is not None:  # a hot size: cached for the next request of that size
                 lst.append(ptr)
-            if st.cache is cache:  # rule 3: still attached, so the block is where it belongs
+                if st.cache is cache:  # rule 3: still attached, so the block is where it belongs
+                    return
+                with lock:
+                    rescue(lst, size, stream)
                 return
-            with lock:
-                rescue(lst, size, stream)
-            return
-    with lock:
-        cache_block(ptr, size, stream)
+    with lock:  # any other size coalesces into the free list now
+        free_block(ptr, size, stream)
 
 def plain_paths(arena):
     """``(allocate, deallocate)`` over ``arena``: the resource protocol's two methods."""
@@ -169,20 +163,15 @@ def _counting_deallocate(ptr, nbytes, stream, alignment=256):
         except AttributeError:
             pass
         else:
-            if lst is None:
-                new = [ptr]
-                lst = cache.setdefault(size, new)
-                if lst is not new:
-                    lst.append(ptr)
-            else:
+            if lst is not None:
                 lst.append(ptr)
-            if st.cache is cache:
+                if st.cache is cache:
+                    return
+                with lock:
+                    rescue(lst, size, stream)
                 return
-            with lock:
-                rescue(lst, size, stream)
-            return
     with lock:
-        cache_block(ptr, size, stream)
+        free_block(ptr, size, stream)
 
 def counting_paths(arena, events: list, on_full, limit: int):
     """:func:`plain_paths` that append ``+nbytes`` to ``events`` for each allocation and ``-nbytes``
@@ -244,20 +233,15 @@ def _hook_free(ptr, device_id):
         except AttributeError:
             pass
         else:
-            if lst is None:
-                new = [ptr]
-                lst = cache.setdefault(size, new)
-                if lst is not new:
-                    lst.append(ptr)
-            else:
+            if lst is not None:
                 lst.append(ptr)
-            if st.cache is cache:
+                if st.cache is cache:
+                    return
+                with lock:
+                    rescue(lst, size, stream)
                 return
-            with lock:
-                rescue(lst, size, stream)
-            return
     with lock:
-        cache_block(ptr, size, stream)
+        free_block(ptr, size, stream)
 
 def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
     """``(malloc(nbytes, device_id), free(ptr, device_id))`` over ``arena`` for allocator hooks:
@@ -283,7 +267,7 @@ def _namespace(arena, **extra) -> dict:
             "live": live, "live_pop": live.pop, "lock": arena.lock, "states_get": arena.states.get,
             "take": arena.take, "to_stream": arena.as_stream, "allocate_slow": arena.allocate_slow,
             "deallocate_slow": arena.deallocate_slow, "rescue": arena.rescue,
-            "cache_block": arena.cache_block, **extra}
+            "free_block": arena.free_block, **extra}
 
 
 def _instance(template, ns: dict):

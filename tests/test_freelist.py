@@ -1,0 +1,106 @@
+"""FreeList (the engine's size-class index): best fit, coalescing, boundaries, against a model."""
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+
+from mrkit._engine._freelist import FreeList
+
+BASE, G = 1 << 40, 256
+
+
+def _check(fl: FreeList, boundaries) -> list[tuple[int, int]]:
+    """The index agrees with itself; blocks are disjoint and maximal (coalesced unless a boundary
+    separates them). Returns the blocks sorted by address."""
+    blocks = sorted((p, s) for s, p in fl.blocks())
+    assert len(blocks) == len(fl) == len(fl.end)
+    assert fl.sizes == sorted(set(s for _, s in blocks)) == sorted(fl.bins)
+    for p, s in blocks:
+        assert fl.start[p] == s and fl.end[p + s] == p and p in fl.bins[s]
+        assert not any(p < b < p + s for b in boundaries), "a block spans a chunk boundary"
+    for (p, s), (q, _) in zip(blocks, blocks[1:]):
+        assert p + s <= q, "overlapping free blocks"
+        assert p + s < q or q in boundaries, "adjacent free blocks were not coalesced"
+    return blocks
+
+
+def test_best_fit_takes_the_smallest_class_and_the_newest_block_of_it():
+    fl = FreeList()
+    for i, size in enumerate((8 * G, 4 * G, 4 * G, 16 * G)):
+        fl.add(BASE + i * 64 * G, size)
+    assert fl.take(3 * G) == BASE + 2 * 64 * G  # a 4-grain block, the one added last
+    assert fl.start[BASE + 2 * 64 * G + 3 * G] == G  # the remainder stays free
+    assert fl.take(4 * G) == BASE + 64 * G
+    assert fl.take(9 * G) == BASE + 3 * 64 * G and fl.take(64 * G) is None
+    assert fl.take(7 * G) == BASE + 3 * 64 * G + 9 * G  # 7 grains left of the 16: an exact fit
+    assert fl.sizes == [G, 8 * G]
+
+
+def test_the_spare_block_is_taken_only_when_nothing_else_fits():
+    fl = FreeList()
+    fl.add(BASE, 8 * G)  # the spare (the VMM's top)
+    fl.add(BASE + 64 * G, 16 * G)
+    assert fl.take(4 * G, spare=BASE) == BASE + 64 * G  # the next size up, though 8 fits better
+    assert fl.take(8 * G, spare=BASE) == BASE + 68 * G
+    assert fl.take(8 * G, spare=BASE) == BASE  # nothing else fits now
+    _check(fl, set())
+
+
+def test_coalescing_joins_both_neighbours_but_never_across_a_boundary():
+    fl, b = FreeList(), {BASE + 8 * G}
+    fl.insert(BASE, 4 * G, b)
+    fl.insert(BASE + 8 * G, 4 * G, b)
+    fl.insert(BASE + 4 * G, 4 * G, b)  # joins the block before it; the one after starts a chunk
+    assert sorted((p, s) for s, p in fl.blocks()) == [(BASE, 8 * G), (BASE + 8 * G, 4 * G)]
+    fl.insert(BASE + 12 * G, 4 * G, b)
+    assert sorted((p, s) for s, p in fl.blocks()) == [(BASE, 8 * G), (BASE + 8 * G, 8 * G)]
+    assert fl.sizes == [8 * G] and len(fl.bins[8 * G]) == 2 and fl.total() == 16 * G
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("tf"), st.integers(1, 40)), max_size=120),
+       st.sets(st.integers(1, 15), max_size=4))
+def test_against_a_byte_model(ops, cuts):
+    """Random takes and frees over 16 chunks of 16 grains: every byte is free in the index exactly
+    when the model says so, each take is a best fit, and coalescing is complete."""
+    boundaries = {BASE + c * 16 * G for c in cuts}
+    fl, free, live = FreeList(), set(range(256)), []
+    for start, end in _runs(free, boundaries):
+        fl.add(BASE + start * G, (end - start) * G)
+    for kind, n in ops:
+        blocks = _check(fl, boundaries)
+        if kind == "t":
+            fitting = [s for _, s in blocks if s >= n * G]
+            ptr = fl.take(n * G)
+            if not fitting:
+                assert ptr is None
+                continue
+            assert ptr is not None
+            got = [s for p, s in blocks if p == ptr][0]
+            assert got == min(fitting), "not a best fit"
+            first = (ptr - BASE) // G
+            assert set(range(first, first + n)) <= free
+            free -= set(range(first, first + n))
+            live.append((ptr, n))
+        elif live:
+            ptr, m = live.pop(n % len(live))
+            fl.insert(ptr, m * G, boundaries)
+            first = (ptr - BASE) // G
+            free |= set(range(first, first + m))
+    blocks = _check(fl, boundaries)
+    assert {(p - BASE) // G + k for p, s in blocks for k in range(s // G)} == free
+    assert fl.total() == len(free) * G
+
+
+def _runs(free, boundaries):
+    """The maximal runs of free grains, split at boundaries (grain indices)."""
+    cuts = {(b - BASE) // G for b in boundaries}
+    runs, start = [], None
+    for g in range(257):
+        if g in free and (start is None or g not in cuts):
+            if start is None:
+                start = g
+            continue
+        if start is not None:
+            runs.append((start, g))
+            start = g if g in free else None
+    return runs
