@@ -23,13 +23,13 @@ def _check(fl: FreeList, boundaries) -> list[tuple[int, int]]:
     return blocks
 
 
-def test_best_fit_takes_the_smallest_class_and_the_newest_block_of_it():
+def test_best_fit_takes_the_smallest_class_and_the_lowest_block_of_it():
     fl = FreeList()
-    for i, size in enumerate((8 * G, 4 * G, 4 * G, 16 * G)):
+    for i, size in ((2, 4 * G), (0, 8 * G), (1, 4 * G), (3, 16 * G)):
         fl.add(BASE + i * 64 * G, size)
-    assert fl.take(3 * G) == BASE + 2 * 64 * G  # a 4-grain block, the one added last
-    assert fl.start[BASE + 2 * 64 * G + 3 * G] == G  # the remainder stays free
-    assert fl.take(4 * G) == BASE + 64 * G
+    assert fl.take(3 * G) == BASE + 64 * G  # a 4-grain block, the lower one (not the one added last)
+    assert fl.start[BASE + 64 * G + 3 * G] == G  # the remainder stays free
+    assert fl.take(4 * G) == BASE + 2 * 64 * G
     assert fl.take(9 * G) == BASE + 3 * 64 * G and fl.take(64 * G) is None
     assert fl.take(7 * G) == BASE + 3 * 64 * G + 9 * G  # 7 grains left of the 16: an exact fit
     assert fl.sizes == [G, 8 * G]
@@ -77,6 +77,7 @@ def test_against_a_byte_model(ops, cuts):
             assert ptr is not None
             got = [s for p, s in blocks if p == ptr][0]
             assert got == min(fitting), "not a best fit"
+            assert ptr == min(p for p, s in blocks if s == got), "not the lowest block of its size"
             first = (ptr - BASE) // G
             assert set(range(first, first + n)) <= free
             free -= set(range(first, first + n))

@@ -123,8 +123,6 @@ def test_hot_and_cold_sizes_racing_release_lose_nothing():
     rng = random.Random(3)
     cold = tuple(rng.randrange(1, 64 * MiB) for _ in range(20000))  # seldom the same size twice
     streams = _run(pool, drv, threads=4, ops=1500, churn=pool.release, sizes=(4096, 65536) * 5000 + cold)
-    hot = {size for st in pool.arena.states.values() for size in (st.cache or {})}
-    assert {4096, 65536} <= hot and len(hot) < 40  # the repeated sizes got cache lists, few others
     _conserve(pool, lambda: sum(s for _, s, k in drv.regions() if k == "device"))
     for s in streams:
         s.close()

@@ -20,7 +20,7 @@ from ._hot import plain_paths
 __all__ = ["Arena", "ChunkSource", "StreamState", "GRAIN"]
 
 GRAIN = 256  # every block size and offset is a multiple of this
-MAX_HOT = 256  # cached sizes per stream; past this the cache starts afresh
+MAX_HOT = 64  # cached sizes per stream; past this the cache starts afresh
 _CACHE_WINDOW = 8  # larger hot sizes a miss looks at before the free list's best fit
 _MISSED_MAX = 4096  # sizes remembered as having missed once
 HOT_DISTANCE = 64  # a size that misses again within this many misses gets a cache list
@@ -54,14 +54,15 @@ class StreamState:
         if cache is None or size in cache:
             return
         if len(self.hot) >= MAX_HOT:
-            self.flush(boundaries, forget=True)
+            self.flush(boundaries)
             cache = self.cache
         cache[size] = []
         insort(self.hot, size)
 
-    def flush(self, boundaries, forget: bool = False) -> None:
-        """Coalesce the cached blocks into the free list (lock held); the sizes stay registered unless
-        ``forget``.
+    def flush(self, boundaries) -> None:
+        """Coalesce the cached blocks into the free list and start the cache afresh (lock held): the
+        sizes are registered again as they miss (cheaply: they missed recently), so a flush costs
+        what was registered since the last one, not every size ever hot.
 
         Rule 3: the dict is swapped first, then each list is drained with atomic pops, so every block
         is taken by exactly one party; a block appended to a list after it was drained is rescued by
@@ -69,10 +70,7 @@ class StreamState:
         old = self.cache
         if not old:  # empty, or retired
             return
-        if forget:
-            self.cache, self.hot = {}, []
-        else:
-            self.cache = {size: [] for size in old}
+        self.cache, self.hot = {}, []
         self._drain(old, boundaries)
 
     def retire(self, boundaries) -> None:
@@ -86,36 +84,47 @@ class StreamState:
     def _drain(self, old: dict, boundaries) -> None:
         insert = self.free.insert
         for size, ptrs in old.items():  # only the lock adds keys
-            for p in drain(ptrs):
-                insert(p, size, boundaries)
+            if ptrs:
+                for p in drain(ptrs):
+                    insert(p, size, boundaries)
 
-    def best_fit(self, size: int, boundaries) -> int | None:
+    def take_cached(self, size: int, boundaries) -> int | None:
+        """A cached block of a hot size ``>= size`` that fits better than the free list's best, split
+        to ``size`` (the rest coalesces into the free list); None if there is none (lock held). Only
+        the next ``_CACHE_WINDOW`` hot sizes are looked at."""
+        hot = self.hot
+        j = bisect_left(hot, size)
+        if j == len(hot):
+            return None
+        free = self.free
+        best = free.fits(size) or 1 << 62
+        cache = self.cache
+        for s in hot[j:j + _CACHE_WINDOW]:
+            if s >= best:
+                return None
+            lst = cache.get(s)
+            if lst:
+                try:
+                    ptr = lst.pop()
+                except IndexError:  # a lock-free hit took the last one
+                    continue
+                if s > size:
+                    free.insert(ptr + size, s - size, boundaries)
+                return ptr
+        return None
+
+    def best_fit(self, size: int, boundaries, spare: int | None = None) -> int | None:
         """Take ``size`` bytes by best fit over all of this stream's free memory (lock held), or None.
 
         A cached block of a larger hot size serves the request when it fits better than the free
-        list's best (it is split, the rest coalesces into the free list), so a larger block is not
-        split needlessly while a closer one sits in the cache (splitting on the free list alone
-        fragmented the pool into running out of memory at 95 % of the device)."""
-        hot = self.hot
-        free = self.free
-        if hot:
-            j = bisect_left(hot, size)
-            if j < len(hot):
-                best = free.fits(size) or 1 << 62
-                cache = self.cache
-                for s in hot[j:j + _CACHE_WINDOW]:
-                    if s >= best:
-                        break
-                    lst = cache.get(s)
-                    if lst:
-                        try:
-                            ptr = lst.pop()
-                        except IndexError:  # a lock-free hit took the last one
-                            continue
-                        if s > size:
-                            free.insert(ptr + size, s - size, boundaries)
-                        return ptr
-        return free.take(size)
+        list's best (:meth:`take_cached`), so a larger block is not split needlessly while a closer
+        one sits in the cache (splitting on the free list alone fragmented the pool into running out
+        of memory at 95 % of the device). ``spare``: see :meth:`FreeList.take`."""
+        if self.hot:
+            ptr = self.take_cached(size, boundaries)
+            if ptr is not None:
+                return ptr
+        return self.free.take(size, spare)
 
     def empty(self) -> bool:
         cache = self.cache

@@ -10,9 +10,10 @@ class FreeList:
     """Free blocks of one stream, indexed by size class: ``sizes`` (the distinct free sizes, sorted:
     best fit is one bisection over plain ints), ``bins`` (size -> the blocks of that size, an
     insertion-ordered dict used as a set: any block leaves it in O(1)), ``start`` (ptr -> size) and
-    ``end`` (end address -> ptr), for coalescing with both neighbours in O(1). Best fit takes the block
-    of the smallest size that holds the request, the most recently freed one of that size. Blocks never
-    merge across an address in ``boundaries`` (the start of an upstream chunk).
+    ``end`` (end address -> ptr), for coalescing with both neighbours in O(1). Best fit takes a block
+    of the smallest size that holds the request. Blocks never
+    merge across an address in ``boundaries`` (the start of an upstream chunk). Among blocks of one
+    size the lowest address is taken, so placement does not depend on the order of frees.
 
     Not thread-safe: only ever touched under its arena's lock."""
 
@@ -107,10 +108,15 @@ class FreeList:
         bins = self.bins
         bsize = sizes[i]
         b = bins[bsize]
-        ptr = b.popitem()[0]
+        if len(b) == 1:
+            ptr = b.popitem()[0]
+        else:  # the lowest address: a workload that runs again lands where it did
+            ptr = min(b)
+            del b[ptr]
         if ptr == spare:
             if b:  # another block of the same size
-                other = b.popitem()[0]
+                other = min(b)
+                del b[other]
                 b[ptr] = None
                 ptr = other
             elif i + 1 < len(sizes):  # the next size up
@@ -118,7 +124,8 @@ class FreeList:
                 i += 1
                 bsize = sizes[i]
                 b = bins[bsize]
-                ptr = b.popitem()[0]
+                ptr = min(b)
+                del b[ptr]
         if not b:
             del bins[bsize]
             del sizes[i]
@@ -150,7 +157,7 @@ class FreeList:
         sizes, bins = self.sizes, self.bins
         out = []
         for s in sizes[bisect_left(sizes, size):]:
-            for p in reversed(bins[s]):
+            for p in sorted(bins[s]):
                 out.append((s, p))
                 if len(out) == n:
                     return out

@@ -206,7 +206,7 @@ class _VirtualChunks(ChunkSource):
             # starts again from empty starts from the same layout (one free range per stream)
             for other in list(arena.states.values()):
                 other.flush(arena.boundaries)
-        elif st.cached():
+        elif st.hot and st.cached():
             st.flush(arena.boundaries)
         top = st.free.end.get(self._top)
         if self._by_mapping:
@@ -225,9 +225,8 @@ class _VirtualChunks(ChunkSource):
         :meth:`prepare` in one call for the usual case (blocks are live and nothing is cached)."""
         arena = self.arena
         st = arena.states.get(stream.uid)
-        cache = st.cache if st is not None else None
-        if st is None or not arena.live or (cache and any(list(cache.values()))):
-            ptr = arena.find(size, stream)  # fit() coalesces first
+        if st is None or not arena.live or (st.hot and st.cached()):
+            ptr = arena.find(size, stream)  # fit() coalesces the cache first
         else:
             free = st.free
             ptr = free.take(size, free.end.get(self._top))
