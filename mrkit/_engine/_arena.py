@@ -304,15 +304,25 @@ class Arena:
 
     def take_best_fit(self, size: int, stream: Stream) -> int:
         """:meth:`take` for a source with the default fit and nothing to prepare (lock held): the
-        stream's :meth:`StreamState.best_fit` straight away, :meth:`find` only when that misses."""
+        stream's best fit (:meth:`StreamState.best_fit`, inlined) straight away, :meth:`find` only
+        when that misses; then :meth:`missed_again`, inlined."""
         st = self.states.get(stream.uid)
         if st is None:
             ptr = self.find(size, stream)
         else:
-            ptr = st.best_fit(size, self.boundaries)
+            ptr = st.take_cached(size, self.boundaries) if st.hot else None
             if ptr is None:
-                ptr = self.find(size, stream, tried=True)
-        self.missed_again(size, stream)
+                ptr = st.free.take(size)
+                if ptr is None:
+                    ptr = self.find(size, stream, tried=True)
+        missed = self.missed
+        n = self.misses = self.misses + 1
+        last = missed.get(size)
+        if last is not None and n - last <= HOT_DISTANCE:
+            self.state(stream).register(size, self.boundaries)
+        elif len(missed) >= _MISSED_MAX:
+            missed.clear()
+        missed[size] = n
         return ptr
 
     def missed_again(self, size: int, stream: Stream) -> None:
