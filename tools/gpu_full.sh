@@ -55,6 +55,9 @@ cat /tmp/workload.err >> "$OUT/bench.txt"  # one JSON line per case, even if the
 echo "== mrkit bench" >> "$OUT/bench.txt"
 timeout 60 python3 -m mrkit bench --quiet --rounds 3 --ops 20000 >> "$OUT/bench.txt" 2>&1
 timeout 30 python3 -m mrkit bench --quiet --rounds 3 --ops 20000 --resource vmm --workload random >> "$OUT/bench.txt" 2>&1
+echo "== bench_python_floor" >> "$OUT/bench.txt"
+timeout 40 python3 benchmarks/bench_python_floor.py --rounds 5 >> "$OUT/bench.txt" 2>&1
+timeout 40 python3 benchmarks/bench_python_floor.py --rounds 5 --max-size 64MiB >> "$OUT/bench.txt" 2>&1
 echo "== bench_statistics" >> "$OUT/bench.txt"
 timeout 25 python3 benchmarks/bench_statistics.py --pairs 50000 --rounds 3 >> "$OUT/bench.txt" 2>&1
 echo "all done at $((SECONDS - T0)) s" | tee -a "$OUT/bench.txt"
