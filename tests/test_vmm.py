@@ -60,6 +60,31 @@ def test_out_of_memory_half_way_leaves_nothing_mapped():
     mr.deallocate(b, 8 * MiB, DEFAULT_STREAM)
 
 
+def test_one_access_call_per_gap_and_its_failure_undoes_every_run():
+    """Issue 22: a block that needs several runs mapped paid one ``cuMemSetAccess`` per run (16 for a
+    4 GiB block in 256 MiB runs); now one call covers the whole gap. If that call fails, every run the
+    allocation mapped is unmapped and released: nothing leaks, the error names the driver call."""
+    drv = SimDriver([SimDeviceSpec(total_memory=64 * MiB)])
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(max_mapping="4 MiB"), driver=drv)
+    calls, real = [], drv.mem_set_access
+    drv.mem_set_access = lambda va, n, dev, flags="readwrite": calls.append(n) or real(va, n, dev, flags)
+    p = mr.allocate(12 * MiB, DEFAULT_STREAM)
+    assert calls == [12 * MiB] and drv.mapped_bytes() == 12 * MiB  # three 4 MiB runs, one access call
+    mr.deallocate(p, 12 * MiB, DEFAULT_STREAM)
+
+    def refuse(va, n, dev, flags="readwrite"):
+        raise CUDAError("CUDA_ERROR_INVALID_VALUE", 1, "cuMemSetAccess", "refused for the test")
+    drv.mem_set_access = refuse
+    with pytest.raises(CUDAError, match="cuMemSetAccess"):
+        mr.allocate(24 * MiB, DEFAULT_STREAM)  # 12 MiB more to map: three new runs, then the failure
+    assert mr.mapped_bytes == 12 * MiB and drv.mapped_bytes() == 12 * MiB and mr.live_bytes == 0
+    drv.mem_set_access = real
+    q = mr.allocate(24 * MiB, DEFAULT_STREAM)  # the state is unchanged: the same request now succeeds
+    mr.deallocate(q, 24 * MiB, DEFAULT_STREAM)
+    mr.close()
+    assert drv.mapped_bytes() == 0
+
+
 def test_automatic_release_threshold():
     drv = SimDriver([SimDeviceSpec(total_memory=256 * MiB)])
     mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(release_threshold="4 MiB"), driver=drv)

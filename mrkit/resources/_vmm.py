@@ -324,6 +324,7 @@ class _VirtualChunks(ChunkSource):
         try:
             starts, top = self._cov.starts, (self._top - base) // page  # never map past the carved range
             for a, b in gaps:
+                first = a
                 while a < b:
                     if self._spare_bytes:
                         # a spare larger than the gap may overhang into the unmapped free pages above
@@ -345,11 +346,13 @@ class _VirtualChunks(ChunkSource):
                             drv.mem_release(h)
                         raise
                     done.append((a, n, h, moved))
-                    drv.mem_set_access(va, nbytes, dev, "readwrite")
-                    for peer in self.options.peers:
-                        if peer != dev:
-                            drv.mem_set_access(va, nbytes, peer, "readwrite")
                     a += n
+                # one access call for the whole gap (it may span several mappings, all whole)
+                va, nbytes = base + first * page, (a - first) * page
+                drv.mem_set_access(va, nbytes, dev, "readwrite")
+                for peer in self.options.peers:
+                    if peer != dev:
+                        drv.mem_set_access(va, nbytes, peer, "readwrite")
         except BaseException as exc:
             for start, n, h, moved in reversed(done):
                 drv.mem_unmap(base + start * page, n * page)
