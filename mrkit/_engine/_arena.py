@@ -127,8 +127,7 @@ class StreamState:
         return self.free.take(size, spare)
 
     def empty(self) -> bool:
-        cache = self.cache
-        return not self.free.sizes and not (cache and any(list(cache.values())))
+        return not self.free.sizes and not self.cached()
 
     def bytes(self) -> int:
         cache = self.cache or {}
@@ -185,11 +184,6 @@ class ChunkSource:
         """Return the wholly free chunk ``[ptr, ptr + size)`` (freed on ``stream``)."""
         raise NotImplementedError
 
-    def quick_take(self, arena: "Arena"):
-        """A replacement for :meth:`Arena.take` (the hot path's miss) that does what :meth:`fit`
-        and :meth:`prepare` would, in fewer calls; None (the default) keeps the general one."""
-        return None
-
     def trim_upstream(self) -> bool:
         """Last step of the out-of-memory reclaim, after the idle chunks went back: ask the upstream
         to return what it keeps cached (the driver's pool keeps freed memory reserved until a
@@ -224,10 +218,6 @@ class Arena:
         self.missed: dict[int, int] = {}  # size -> when it last missed the cache (see missed_again)
         self.misses = 0
         self._prepare = source.prepare if source.prepares else None
-        if not source.prepares and type(source).fit is ChunkSource.fit:
-            self.take = self.take_best_fit  # the hot path's miss: one frame to the free list
-        else:
-            self.take = source.quick_take(self) or self.take
         self.allocate, self.deallocate = plain_paths(self)
 
     @property
@@ -294,35 +284,17 @@ class Arena:
 
     # -- the locked allocation path ---------------------------------------------------------------
     def take(self, size: int, stream: Stream) -> int:
-        """Find ``size`` bytes for ``stream`` and make them usable (lock held): a cache miss."""
-        ptr = self.find(size, stream)
+        """Find ``size`` bytes for ``stream`` and make them usable (lock held): a cache miss. The
+        stream's own free memory first (the source's :meth:`~ChunkSource.fit`), :meth:`find` only
+        when that fails."""
+        st = self.states.get(stream.uid)
+        ptr = None if st is None else self.source.fit(self, st, size)
+        if ptr is None:
+            ptr = self.find(size, stream, tried=st is not None)
         prepare = self._prepare
         if prepare is not None:
             ptr = prepare(self, ptr, size, stream)
         self.missed_again(size, stream)
-        return ptr
-
-    def take_best_fit(self, size: int, stream: Stream) -> int:
-        """:meth:`take` for a source with the default fit and nothing to prepare (lock held): the
-        stream's best fit (:meth:`StreamState.best_fit`, inlined) straight away, :meth:`find` only
-        when that misses; then :meth:`missed_again`, inlined."""
-        st = self.states.get(stream.uid)
-        if st is None:
-            ptr = self.find(size, stream)
-        else:
-            ptr = st.take_cached(size, self.boundaries) if st.hot else None
-            if ptr is None:
-                ptr = st.free.take(size)
-                if ptr is None:
-                    ptr = self.find(size, stream, tried=True)
-        missed = self.missed
-        n = self.misses = self.misses + 1
-        last = missed.get(size)
-        if last is not None and n - last <= HOT_DISTANCE:
-            self.state(stream).register(size, self.boundaries)
-        elif len(missed) >= _MISSED_MAX:
-            missed.clear()
-        missed[size] = n
         return ptr
 
     def missed_again(self, size: int, stream: Stream) -> None:

@@ -39,17 +39,14 @@ class FreeList:
         self.start[ptr] = size
         self.end[ptr + size] = ptr
 
-    def _unbin(self, ptr: int, size: int) -> None:
+    def remove(self, ptr: int, size: int) -> None:
+        """Remove the free block ``[ptr, ptr + size)`` (it must be one)."""
         b = self.bins[size]
         del b[ptr]
         if not b:
             del self.bins[size]
             sizes = self.sizes
             del sizes[bisect_left(sizes, size)]
-
-    def remove(self, ptr: int, size: int) -> None:
-        """Remove the free block ``[ptr, ptr + size)`` (it must be one)."""
-        self._unbin(ptr, size)
         del self.start[ptr]
         del self.end[ptr + size]
 
@@ -66,36 +63,18 @@ class FreeList:
 
     def insert(self, ptr: int, size: int, boundaries) -> None:
         """Add a block, coalescing it with free neighbours on both sides (never across a boundary)."""
-        start, end, bins, sizes = self.start, self.end, self.bins, self.sizes
+        start, end = self.start, self.end
         nxt = ptr + size
         nsize = start.get(nxt)
         if nsize is not None and nxt not in boundaries:  # the next block joins
-            b = bins[nsize]
-            del b[nxt]
-            if not b:
-                del bins[nsize]
-                del sizes[bisect_left(sizes, nsize)]
-            del start[nxt]
-            del end[nxt + nsize]
+            self.remove(nxt, nsize)
             size += nsize
         prev = end.get(ptr)
         if prev is not None and ptr not in boundaries:  # the previous block joins
-            psize = start.pop(prev)
-            b = bins[psize]
-            del b[prev]
-            if not b:
-                del bins[psize]
-                del sizes[bisect_left(sizes, psize)]
-            del end[ptr]
+            psize = start[prev]
+            self.remove(prev, psize)
             ptr, size = prev, size + psize
-        b = bins.get(size)
-        if b is None:
-            bins[size] = {ptr: None}
-            insort(sizes, size)
-        else:
-            b[ptr] = None
-        start[ptr] = size
-        end[ptr + size] = ptr
+        self.add(ptr, size)
 
     def take(self, size: int, spare: int | None = None) -> int | None:
         """Best fit: cut ``size`` bytes from a block of the smallest size that holds them (the
@@ -105,44 +84,27 @@ class FreeList:
         i = bisect_left(sizes, size)
         if i == len(sizes):
             return None
-        bins = self.bins
         bsize = sizes[i]
-        b = bins[bsize]
-        if len(b) == 1:
-            ptr = b.popitem()[0]
-        else:  # the lowest address: a workload that runs again lands where it did
-            ptr = min(b)
-            del b[ptr]
+        b = self.bins[bsize]
+        ptr = _pop_lowest(b)
         if ptr == spare:
             if b:  # another block of the same size
-                other = min(b)
-                del b[other]
+                other = _pop_lowest(b)
                 b[ptr] = None
                 ptr = other
             elif i + 1 < len(sizes):  # the next size up
                 b[ptr] = None
                 i += 1
                 bsize = sizes[i]
-                b = bins[bsize]
-                ptr = min(b)
-                del b[ptr]
+                b = self.bins[bsize]
+                ptr = _pop_lowest(b)
         if not b:
-            del bins[bsize]
+            del self.bins[bsize]
             del sizes[i]
-        start = self.start
-        del start[ptr]
+        del self.start[ptr]
+        del self.end[ptr + bsize]
         if bsize > size:  # the remainder: its neighbours are not free (the block was maximal)
-            rest, rsize = ptr + size, bsize - size
-            rb = bins.get(rsize)
-            if rb is None:
-                bins[rsize] = {rest: None}
-                insort(sizes, rsize)
-            else:
-                rb[rest] = None
-            start[rest] = rsize
-            self.end[ptr + bsize] = rest
-        else:
-            del self.end[ptr + bsize]
+            self.add(ptr + size, bsize - size)
         return ptr
 
     def fits(self, size: int) -> int | None:
@@ -183,6 +145,15 @@ class FreeList:
     def total(self) -> int:
         bins = self.bins
         return sum(s * len(bins[s]) for s in self.sizes)
+
+
+def _pop_lowest(b: dict) -> int:
+    """Take the lowest address out of a size class (a workload that runs again lands where it did)."""
+    if len(b) == 1:
+        return b.popitem()[0]
+    ptr = min(b)
+    del b[ptr]
+    return ptr
 
 
 def drain(lst: list):

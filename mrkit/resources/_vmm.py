@@ -206,7 +206,7 @@ class _VirtualChunks(ChunkSource):
             # starts again from empty starts from the same layout (one free range per stream)
             for other in list(arena.states.values()):
                 other.flush(arena.boundaries)
-        elif st.hot and st.cached():
+        elif st.cached():
             st.flush(arena.boundaries)
         top = st.free.end.get(self._top)
         if self._by_mapping:
@@ -214,29 +214,6 @@ class _VirtualChunks(ChunkSource):
             if ptr is not None:
                 return ptr
         return st.free.take(size, top)
-
-    def quick_take(self, arena):
-        if self._by_mapping or self._auto_release:
-            return None
-        return self._take
-
-    def _take(self, size, stream):
-        """The arena's miss path without a footprint limit or automatic release: :meth:`fit` and
-        :meth:`prepare` in one call for the usual case (blocks are live and nothing is cached)."""
-        arena = self.arena
-        st = arena.states.get(stream.uid)
-        if st is None or not arena.live or (st.hot and st.cached()):
-            ptr = arena.find(size, stream)  # fit() coalesces the cache first
-        else:
-            free = st.free
-            ptr = free.take(size, free.end.get(self._top))
-            if ptr is None:
-                ptr = arena.find(size, stream, tried=True)
-        base, page = self.base, self.page
-        if not self._cov.covers((ptr - base) // page, (ptr + size - 1 - base) // page + 1):
-            ptr = self._map_or_retry(ptr, size, stream)
-        arena.missed_again(size, stream)
-        return ptr
 
     def _fit_mapped(self, free: FreeList, size: int, top: int | None) -> int | None:
         """Placement that saves driver calls: of the few smallest free blocks that hold ``size``
