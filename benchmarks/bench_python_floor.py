@@ -49,6 +49,9 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    for name in ("ops", "rounds"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     steps = bench_workload.plan(args.ops, args.max_size, 16 << 30)
     rows = {}
 
