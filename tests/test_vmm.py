@@ -450,3 +450,37 @@ def test_with_a_footprint_limit_a_block_goes_where_pages_are_already_mapped(limi
     assert mr.live_bytes == 0
     mr.close()
     assert drv.mem_get_info(0)[0] == 256 * MiB  # every page back
+
+
+@pytest.mark.parametrize("kind", ["vmm", "pool"])
+def test_a_loop_over_a_few_sizes_with_nothing_live_runs_on_the_cache(backend, kind):
+    """Allocate-and-free loops cycling a few sizes (nothing live between calls) must settle on the
+    lock-free cache. The VMM coalesces every cache when a miss finds nothing live (so that a workload
+    starting again from empty starts from the same layout); that flush used to forget which sizes
+    were hot too, so with three sizes in turn each miss un-registered the previous size and every
+    call missed (VMM pairs cost 9x the pool's)."""
+    from mrkit import CudaMemoryResource, PoolResource
+    drv = backend
+    if kind == "vmm":
+        mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size="1 GiB"), driver=drv)
+    else:
+        mr = PoolResource(CudaMemoryResource(driver=drv))
+    s = DEFAULT_STREAM
+    sizes = (256, 64 << 10, 1 << 20)
+    for i in range(12):  # each size misses twice: hot
+        n = sizes[i % 3]
+        mr.deallocate(mr.allocate(n, s), n, s)
+    misses = mr.arena.misses
+    for i in range(60):
+        n = sizes[i % 3]
+        p = mr.allocate(n, s)
+        drv.memset_async(p, i, n, s.handle)
+        mr.deallocate(p, n, s)
+    assert mr.arena.misses == misses  # every one a cache hit
+    assert set(mr.arena.states[s.uid].hot) == {256, 64 << 10, 1 << 20}
+    assert mr.live_bytes == 0
+    if kind == "vmm":
+        mr.close()
+    else:
+        mr.release()
+        assert mr.pool_size == 0

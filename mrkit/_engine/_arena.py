@@ -59,10 +59,11 @@ class StreamState:
         cache[size] = []
         insort(self.hot, size)
 
-    def flush(self, boundaries) -> None:
+    def flush(self, boundaries, keep: bool = False) -> None:
         """Coalesce the cached blocks into the free list and start the cache afresh (lock held): the
         sizes are registered again as they miss (cheaply: they missed recently), so a flush costs
-        what was registered since the last one, not every size ever hot.
+        what was registered since the last one, not every size ever hot. ``keep``: the hot sizes
+        keep their (now empty) cache lists.
 
         Rule 3: the dict is swapped first, then each list is drained with atomic pops, so every block
         is taken by exactly one party; a block appended to a list after it was drained is rescued by
@@ -70,7 +71,10 @@ class StreamState:
         old = self.cache
         if not old:  # empty, or retired
             return
-        self.cache, self.hot = {}, []
+        if keep:
+            self.cache = {s: [] for s in old}
+        else:
+            self.cache, self.hot = {}, []
         self._drain(old, boundaries)
 
     def retire(self, boundaries) -> None:

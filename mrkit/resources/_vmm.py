@@ -199,13 +199,18 @@ class _VirtualChunks(ChunkSource):
     def fit(self, arena, st, size):
         # Cached blocks coalesce first (so the choice never depends on what happened to be cached),
         # then best fit, keeping the "wilderness" — the free block at the top of the carved range —
-        # for when no other block fits: holes are reused first and the top stays one piece. A workload
-        # that runs again (a training step) then lands where it did before and maps nothing new.
+        # for when no other block fits: holes are reused first and the top stays one piece. A
+        # workload that runs again (a training step) then lands where it did before and maps
+        # nothing new.
         if not arena.live and not arena.aligned:
-            # nothing is live: coalesce every stream's cached blocks first, so that a workload that
-            # starts again from empty starts from the same layout (one free range per stream)
-            for other in list(arena.states.values()):
-                other.flush(arena.boundaries)
+            # nothing is live: coalesce every stream's cached blocks, so that a workload that starts
+            # again from empty starts from one free range per stream — unless the best fit is mapped
+            # already (a loop over a few sizes with nothing live between calls stays on the cache
+            # instead of flushing it on every call); the hot sizes stay hot
+            if not self._mapped_best_fit(st.free, size):
+                for other in list(arena.states.values()):
+                    if other.cached():
+                        other.flush(arena.boundaries, keep=True)
         elif st.cached():
             st.flush(arena.boundaries)
         top = st.free.end.get(self._top)
@@ -214,6 +219,18 @@ class _VirtualChunks(ChunkSource):
             if ptr is not None:
                 return ptr
         return st.free.take(size, top)
+
+    def _mapped_best_fit(self, free: FreeList, size: int) -> bool:
+        """Whether the block the free list's best fit would cut for ``size`` lies in mapped pages:
+        then taking it costs no driver call, whatever is cached."""
+        got = free.candidates(size, 2)
+        if not got:
+            return False
+        bsize, ptr = got[0]
+        if ptr + bsize == self._top and len(got) > 1:  # take() keeps the wilderness when it can
+            ptr = got[1][1]
+        base, page = self.base, self.page
+        return self._cov.covers((ptr - base) // page, (ptr + size - 1 - base) // page + 1)
 
     def _fit_mapped(self, free: FreeList, size: int, top: int | None) -> int | None:
         """Placement that saves driver calls: of the few smallest free blocks that hold ``size``
