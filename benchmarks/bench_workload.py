@@ -5,7 +5,8 @@ live bytes first grow to the cap (16 GiB), then allocations and frees alternate 
 random live block freed), ``--ops`` operations in all. Each case runs twice in its own process: a
 first pass samples ``cuMemGetInfo`` after every allocation (the footprint: peak device memory in use
 by the driver's count, minus what was in use before the allocator existed, over the peak live
-bytes), a second pass is timed (us per operation, warm). Fragmentation: the same workload with sizes
+bytes), a second pass is timed (us per operation, warm; for mrkit, also the part of it spent in
+driver calls — mapping, unmapping, synchronising — shown in brackets). Fragmentation: the same workload with sizes
 up to 1 GiB and the cap at 90 % and 95 % of the device's memory: which allocators finish without
 running out of memory, at what cost.
 
@@ -54,8 +55,34 @@ def _used(cuda) -> int:
     return total - free
 
 
+_DRIVER_CALLS = ("mem_create", "mem_map", "mem_unmap", "mem_set_access", "mem_release", "stream_synchronize",
+                 "ctx_synchronize", "event_create", "event_record", "event_query", "event_synchronize",
+                 "event_destroy", "mem_alloc", "mem_free", "mem_alloc_from_pool_async", "mem_free_async")
+
+
+def _time_driver(drv) -> list:
+    """Time every call mrkit makes through ``drv`` to the memory and synchronisation functions: returns
+    a one-element list holding the seconds spent in them so far (the driver's share of a case)."""
+    spent = [0.0]
+    clock = time.perf_counter
+    for name in _DRIVER_CALLS:
+        fn = getattr(drv, name, None)
+        if fn is None:
+            continue
+
+        def timed(*a, _fn=fn, **k):
+            t = clock()
+            try:
+                return _fn(*a, **k)
+            finally:
+                spent[0] += clock() - t
+        setattr(drv, name, timed)
+    return spent
+
+
 def _make(name: str):
-    """(alloc(n) -> handle, free(handle, n), close(), moves()) for allocator ``name``."""
+    """(alloc(n) -> handle, free(handle, n), close(), moves(), driver time) for allocator ``name``;
+    the driver time (see :func:`_time_driver`) is None for other libraries."""
     if name.startswith("mrkit"):
         import mrkit
         s = mrkit.DEFAULT_STREAM
@@ -69,15 +96,16 @@ def _make(name: str):
                 opts["max_mapping"] = name.split("max_mapping=")[1]
             mr = mrkit.VirtualMemoryResource(0, mrkit.VirtualMemoryResourceOptions(reserve_size=512 * GiB, **opts))
         a, d = mr.allocate, mr.deallocate
-        return (lambda n: a(n, s)), (lambda p, n: d(p, n, s)), mr.close, (lambda: getattr(mr, "moves", 0))
+        return (lambda n: a(n, s)), (lambda p, n: d(p, n, s)), mr.close, (lambda: getattr(mr, "moves", 0)), \
+            _time_driver(mr.arena.driver)
     if name == "cupy MemoryPool":
         import cupy
         pool = cupy.cuda.MemoryPool()
-        return pool.malloc, (lambda h, n: None), pool.free_all_blocks, (lambda: 0)
+        return pool.malloc, (lambda h, n: None), pool.free_all_blocks, (lambda: 0), None
     if name.startswith("torch"):
         import torch
         ca, cd = torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete
-        return ca, (lambda h, n: cd(h)), torch.cuda.empty_cache, (lambda: 0)
+        return ca, (lambda h, n: cd(h)), torch.cuda.empty_cache, (lambda: 0), None
     if name.startswith("rmm"):
         import rmm
         cuda_mr = rmm.mr.CudaMemoryResource()
@@ -85,7 +113,7 @@ def _make(name: str):
               "rmm arena": lambda: rmm.mr.ArenaMemoryResource(cuda_mr),
               "rmm binning": lambda: rmm.mr.BinningMemoryResource(rmm.mr.PoolMemoryResource(cuda_mr), 18, 22),
               "rmm async": rmm.mr.CudaAsyncMemoryResource}[name]()
-        return mr.allocate, mr.deallocate, (lambda: None), (lambda: 0)
+        return mr.allocate, mr.deallocate, (lambda: None), (lambda: 0), None
     raise ValueError(name)
 
 
@@ -104,12 +132,13 @@ def one_case(name: str, max_size: int, cap: int, ops: int) -> dict:
     cuda.cuCtxSynchronize()
     base = _used(cuda)
     steps = plan(ops, max_size, cap)
-    alloc, free, close, moves = _make(name)
+    alloc, free, close, moves, driver_time = _make(name)
     out = {"allocator": name, "max_size": max_size, "cap": cap, "ops": len(steps), "finished": True}
     sizes = {k: n for kind, n, k in steps if kind == "a"}
     peak_live = peak_used = 0
     for sample in (True, False):
         handles, cur, done = {}, 0, 0
+        in_driver = driver_time[0] if driver_time is not None else 0.0
         t0 = time.perf_counter()
         try:
             for done, (kind, n, k) in enumerate(steps):
@@ -131,6 +160,8 @@ def one_case(name: str, max_size: int, cap: int, ops: int) -> dict:
         dt = time.perf_counter() - t0
         if not sample:
             out["us_per_op"] = dt * 1e6 / len(steps)
+            if driver_time is not None:  # the timed pass's share spent in driver calls
+                out["driver_us_per_op"] = (driver_time[0] - in_driver) * 1e6 / len(steps)
         for k, h in list(handles.items()):
             free(h, sizes[k])
     out["peak_live"] = peak_live
@@ -217,7 +248,9 @@ def main(argv=None) -> None:
                 cells.append(f"OOM ({r.get('error', '')[:40]})" if "cap_fraction" in r else "failed")
             else:
                 mv = f", {r['moves_per_op']:.2f} moves/op" if r.get("moves") else ""
-                cells.append(f"{r['us_per_op']:.2f} µs, {r['footprint']:.2f}×{mv}")
+                drv = r.get("driver_us_per_op")
+                drv = f" ({drv:.2f} in the driver)" if drv and drv >= 0.05 else ""
+                cells.append(f"{r['us_per_op']:.2f} µs{drv}, {r['footprint']:.2f}×{mv}")
         print(f"| {name} | " + " | ".join(cells) + " |")
     if args.json:
         with open(args.json, "w") as f:

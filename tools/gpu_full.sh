@@ -54,7 +54,7 @@ cat /tmp/workload.err >> "$OUT/bench.txt"  # one JSON line per case, even if the
 [ "${SMALL_BENCH:-1}" = 1 ] || { echo "all done at $((SECONDS - T0)) s" | tee -a "$OUT/bench.txt"; exit 0; }
 echo "== mrkit bench" >> "$OUT/bench.txt"
 timeout 60 python3 -m mrkit bench --quiet --rounds 3 --ops 20000 >> "$OUT/bench.txt" 2>&1
-timeout 30 python3 -m mrkit bench --quiet --rounds 3 --ops 20000 --resource vmm --workload random >> "$OUT/bench.txt" 2>&1
+timeout 30 python3 -m mrkit bench --quiet --rounds 3 --ops 20000 --resource vmm --workload pairs --workload batch --workload random >> "$OUT/bench.txt" 2>&1
 echo "== bench_python_floor" >> "$OUT/bench.txt"
 timeout 40 python3 benchmarks/bench_python_floor.py --rounds 5 >> "$OUT/bench.txt" 2>&1
 timeout 40 python3 benchmarks/bench_python_floor.py --rounds 5 --max-size 64MiB >> "$OUT/bench.txt" 2>&1
