@@ -61,9 +61,10 @@ _DRIVER_CALLS = ("mem_create", "mem_map", "mem_unmap", "mem_set_access", "mem_re
                  "event_destroy", "mem_alloc", "mem_free", "mem_alloc_from_pool_async", "mem_free_async")
 
 
-def _time_driver(drv) -> list:
+def _time_driver(drv, calls: dict | None = None) -> list:
     """Time every call mrkit makes through ``drv`` to the memory and synchronisation functions: returns
-    a one-element list holding the seconds spent in them so far (the driver's share of a case)."""
+    a one-element list holding the seconds spent in them so far (the driver's share of a case); with
+    ``calls``, also ``calls[name] = [count, seconds]`` per function."""
     spent = [0.0]
     clock = time.perf_counter
     for name in _DRIVER_CALLS:
@@ -71,12 +72,17 @@ def _time_driver(drv) -> list:
         if fn is None:
             continue
 
-        def timed(*a, _fn=fn, **k):
+        def timed(*a, _fn=fn, _name=name, **k):
             t = clock()
             try:
                 return _fn(*a, **k)
             finally:
-                spent[0] += clock() - t
+                dt = clock() - t
+                spent[0] += dt
+                if calls is not None:
+                    c = calls.setdefault(_name, [0, 0.0])
+                    c[0] += 1
+                    c[1] += dt
         setattr(drv, name, timed)
     return spent
 

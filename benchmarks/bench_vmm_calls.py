@@ -1,0 +1,76 @@
+"""Where the VirtualMemoryResource's time goes on RMM's random workload: driver calls by kind.
+
+The plan of ``bench_workload.py`` (sizes up to ``--max-size``, live bytes capped at 16 GiB), replayed
+``--passes`` times on one resource (everything freed between passes). For each pass: µs per operation,
+the part of it spent in driver calls, physical moves, the number of mappings held at the start of the
+pass, and every driver function called (count, total ms, µs per call). Shows what bounds the
+footprint-limited VMM: each moved mapping costs an unmap, a map and its share of an access call.
+
+    python benchmarks/bench_vmm_calls.py --max-size 4GiB --footprint-limit 1.1 [--max-mapping 256MiB]
+    python benchmarks/bench_vmm_calls.py --backend sim ...   (the simulator: counts, not times)
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_spec = importlib.util.spec_from_file_location("bench_workload", os.path.join(os.path.dirname(__file__), "bench_workload.py"))
+bench_workload = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_workload)
+
+GiB = 1 << 30
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--max-size", type=bench_workload._size, default=4 * GiB)
+    ap.add_argument("--ops", type=bench_workload._positive, default=1000)
+    ap.add_argument("--passes", type=bench_workload._positive, default=3)
+    ap.add_argument("--footprint-limit", type=float)
+    ap.add_argument("--max-mapping", type=bench_workload._size)
+    ap.add_argument("--backend", choices=("cuda", "sim"), default="cuda")
+    args = ap.parse_args(argv)
+    import mrkit
+    if args.backend == "sim":
+        from mrkit.driver import SimDeviceSpec, SimDriver
+        drv = SimDriver(devices=[SimDeviceSpec(total_memory=141 * GiB)], policy="eager")
+    else:
+        drv = mrkit.get_driver()
+    opts = mrkit.VirtualMemoryResourceOptions(reserve_size=512 * GiB, footprint_limit=args.footprint_limit,
+                                              max_mapping=args.max_mapping)
+    mr = mrkit.VirtualMemoryResource(0, opts, driver=drv)
+    calls: dict = {}
+    spent = bench_workload._time_driver(drv, calls)
+    s = mrkit.DEFAULT_STREAM
+    steps = bench_workload.plan(args.ops, args.max_size, 16 * GiB)
+    sizes = {k: n for kind, n, k in steps if kind == "a"}
+    print(f"VirtualMemoryResource(footprint_limit={opts.footprint_limit}, max_mapping={opts.max_mapping}) on "
+          f"{drv.name}: sizes up to "
+          f"{args.max_size / GiB:g} GiB, {len(steps)} operations per pass")
+    for p in range(args.passes):
+        calls.clear()
+        moves, maps, in_driver = mr.moves, len(mr._src._maps), spent[0]
+        t = time.perf_counter()
+        handles = {}
+        for kind, n, k in steps:
+            if kind == "a":
+                handles[k] = mr.allocate(n, s)
+            else:
+                mr.deallocate(handles.pop(k), n, s)
+        dt = time.perf_counter() - t
+        for k, ptr in handles.items():
+            mr.deallocate(ptr, sizes[k], s)
+        print(f"pass {p}: {dt * 1e6 / len(steps):.2f} us/op, {(spent[0] - in_driver) * 1e6 / len(steps):.2f} in "
+              f"driver calls; {mr.moves - moves} moves; {maps} mappings held at the start; physical high "
+              f"{mr.mapped_high / GiB:.2f} GiB")
+        for name, (count, sec) in sorted(calls.items(), key=lambda c: -c[1][1]):
+            print(f"    {name:20s} {count:6d} calls {sec * 1e3:9.2f} ms {sec * 1e6 / count:9.1f} us/call")
+    mr.close()
+
+
+if __name__ == "__main__":
+    main()
