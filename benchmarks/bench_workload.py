@@ -6,7 +6,9 @@ random live block freed), ``--ops`` operations in all. Each case runs in its own
 pass samples ``cuMemGetInfo`` after every allocation (the footprint: peak device memory in use by the
 driver's count, minus what was in use before the allocator existed, over the peak live bytes), then
 ``--passes`` warm passes (default 3) are timed and the fastest is reported in us per operation (the GPU
-machine's CPU speed drifts, and a single pass of a few milliseconds caught the drift). For mrkit, the
+machine's CPU speed drifts, and a single pass of a few milliseconds caught the drift); ``--repeat N``
+runs each case in N fresh processes and keeps the fastest (a process lands on whichever core it is
+given: the same case took 2.3 and 4.0 us in two processes a minute apart). For mrkit, the
 part of that pass spent in driver calls (mapping, unmapping, synchronising) is shown in brackets.
 Fragmentation: the same workload with sizes up to 1 GiB and the cap at 90 % and 95 % of the device's
 memory: which allocators finish without running out of memory, at what cost.
@@ -181,6 +183,22 @@ def one_case(name: str, max_size: int, cap: int, ops: int, passes: int = 3) -> d
     return out
 
 
+def _best_case(name, max_size, cap, ops, timeout, passes=3, repeat=1):
+    """:func:`_run_case` in ``repeat`` fresh processes: the first one's record, with the fastest
+    process's time (a process lands on whichever core the machine gives it)."""
+    first = _run_case(name, max_size, cap, ops, timeout, passes)
+    times = [first.get("us_per_op")]
+    for _ in range(repeat - 1):
+        if not first.get("finished"):
+            break
+        r = _run_case(name, max_size, cap, ops, timeout, passes)
+        if r.get("finished") and r["us_per_op"] < first["us_per_op"]:
+            first.update(us_per_op=r["us_per_op"], driver_us_per_op=r.get("driver_us_per_op"))
+        times.append(r.get("us_per_op"))
+    first["processes"] = len(times)
+    return first
+
+
 def _run_case(name, max_size, cap, ops, timeout, passes=3):
     env = dict(os.environ)
     if name == "torch expandable segments":
@@ -229,6 +247,7 @@ def main(argv=None) -> None:
     ap.add_argument("--only", action="append", help="allocators to run, comma-separated (default: all)")
     ap.add_argument("--timeout", type=int, default=120)
     ap.add_argument("--passes", type=_positive, default=3, help="timed warm passes per case (the fastest is reported)")
+    ap.add_argument("--repeat", type=_positive, default=1, help="fresh processes per case (the fastest is reported)")
     ap.add_argument("--no-fragmentation", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--plot")
@@ -244,12 +263,12 @@ def main(argv=None) -> None:
     rows = []
     for max_size in (64 * MiB, 1 * GiB, 4 * GiB):
         for name in names:
-            rows.append(_run_case(name, max_size, 16 * GiB, args.ops, args.timeout, args.passes))
+            rows.append(_best_case(name, max_size, 16 * GiB, args.ops, args.timeout, args.passes, args.repeat))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     if not args.no_fragmentation:
         for frac in (0.90, 0.95):
             for name in names:
-                r = _run_case(name, 1 * GiB, int(total * frac), args.ops, args.timeout, args.passes)
+                r = _best_case(name, 1 * GiB, int(total * frac), args.ops, args.timeout, args.passes, args.repeat)
                 r["cap_fraction"] = frac
                 rows.append(r)
                 print(json.dumps(r), file=sys.stderr, flush=True)
@@ -262,7 +281,9 @@ def main(argv=None) -> None:
             if r["allocator"] != name:
                 continue
             if not r.get("finished"):
-                cells.append(f"OOM ({r.get('error', '')[:40]})" if "cap_fraction" in r else "failed")
+                err = r.get("error", "")
+                oom = "OutOfMemory" in err or "out of memory" in err.lower()
+                cells.append(f"OOM ({err[:40]})" if oom else f"failed ({err[:40]})")
             else:
                 mv = f", {r['moves_per_op']:.2f} moves/op" if r.get("moves") else ""
                 drv = r.get("driver_us_per_op")

@@ -48,7 +48,7 @@ if [ "${TORCH_BENCH:-1}" = 1 ]; then
   echo "torch bench done at $((SECONDS - T0)) s"
 fi
 LEFT=$(( ${TOTAL_BUDGET:-570} - (SECONDS - T0) ))
-[ "${WORKLOAD:-1}" = 1 ] && timeout $(( LEFT > 100 ? LEFT - ${BENCH_SLACK:-40} : LEFT / 2 )) python3 benchmarks/bench_workload.py --ops ${OPS:-2000} --timeout ${CASE_TIMEOUT:-60} ${WORKLOAD_ONLY:+--only "$WORKLOAD_ONLY"} \
+[ "${WORKLOAD:-1}" = 1 ] && timeout $(( LEFT > 100 ? LEFT - ${BENCH_SLACK:-40} : LEFT / 2 )) python3 benchmarks/bench_workload.py --ops ${OPS:-2000} --timeout ${CASE_TIMEOUT:-60} --repeat ${REPEAT:-1} ${WORKLOAD_ONLY:+--only "$WORKLOAD_ONLY"} \
   --json "$OUT/workload.json" --plot "$OUT/workload.png" >> "$OUT/bench.txt" 2>/tmp/workload.err
 cat /tmp/workload.err >> "$OUT/bench.txt"  # one JSON line per case, even if the run was cut short
 [ "${SMALL_BENCH:-1}" = 1 ] || { echo "all done at $((SECONDS - T0)) s" | tee -a "$OUT/bench.txt"; exit 0; }
