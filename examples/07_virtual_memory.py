@@ -36,3 +36,18 @@ with mrkit.Stream.create(driver=drv) as s:
     mr.deallocate(b, 64 * MiB, s)
     mr.deallocate(c, 192 * MiB, s)
 mr.close()
+
+# a loop that allocates and frees a few sizes in turn (nothing live between calls) settles on the
+# lock-free cache: after two rounds no call takes the locked path, and nothing new is mapped
+mr = mrkit.VirtualMemoryResource(0, mrkit.VirtualMemoryResourceOptions(reserve_size="8 GiB"), driver=drv)
+s = mrkit.DEFAULT_STREAM
+sizes = (256, 64 << 10, 3 * MiB)
+for i in range(6):
+    mr.deallocate(mr.allocate(sizes[i % 3], s), sizes[i % 3], s)
+misses, mapped = mr.arena.misses, mr.mapped_bytes
+for i in range(300):
+    mr.deallocate(mr.allocate(sizes[i % 3], s), sizes[i % 3], s)
+print(f"300 calls over three sizes: {mr.arena.misses - misses} took the locked path, "
+      f"{(mr.mapped_bytes - mapped) // MiB} MiB newly mapped")
+assert mr.arena.misses == misses and mr.mapped_bytes == mapped
+mr.close()
