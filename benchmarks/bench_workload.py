@@ -5,7 +5,8 @@ live bytes first grow to the cap (16 GiB), then allocations and frees alternate 
 random live block freed), ``--ops`` operations in all. Each case runs in its own process: a first
 pass samples ``cuMemGetInfo`` after every allocation (the footprint: peak device memory in use by the
 driver's count, minus what was in use before the allocator existed, over the peak live bytes), then
-``--passes`` warm passes (default 3) are timed and the fastest is reported in us per operation (the GPU
+``--passes`` warm passes (default 3) are timed, each on new sizes from the same distribution (so no
+allocator profits from an exact replay), and the fastest is reported in us per operation (the GPU
 machine's CPU speed drifts, and a single pass of a few milliseconds caught the drift); ``--repeat N``
 runs each case in N fresh processes and keeps the fastest (a process lands on whichever core it is
 given: the same case took 2.3 and 4.0 us in two processes a minute apart). For mrkit, the
@@ -141,13 +142,15 @@ def one_case(name: str, max_size: int, cap: int, ops: int, passes: int = 3) -> d
         cupy.cuda.Device(0).use()
     cuda.cuCtxSynchronize()
     base = _used(cuda)
-    steps = plan(ops, max_size, cap)
+    plans = [plan(ops, max_size, cap, seed=7 + p) for p in range(1 + passes)]  # timed passes: new sizes
+    steps = plans[0]
     alloc, free, close, moves, driver_time = _make(name)
     out = {"allocator": name, "max_size": max_size, "cap": cap, "ops": len(steps), "passes": passes,
            "finished": True}
-    sizes = {k: n for kind, n, k in steps if kind == "a"}
     peak_live = peak_used = 0
-    for sample in (True,) + (False,) * passes:
+    for steps in plans:
+        sample = steps is plans[0]
+        sizes = {k: n for kind, n, k in steps if kind == "a"}
         handles, cur, done = {}, 0, 0
         in_driver = driver_time[0] if driver_time is not None else 0.0
         t0 = time.perf_counter()
@@ -178,7 +181,7 @@ def one_case(name: str, max_size: int, cap: int, ops: int, passes: int = 3) -> d
     out["peak_live"] = peak_live
     out["footprint"] = peak_used / peak_live if peak_live else None
     out["moves"] = moves()
-    out["moves_per_op"] = out["moves"] / ((1 + passes) * len(steps))  # over every pass
+    out["moves_per_op"] = out["moves"] / sum(len(p) for p in plans)  # over every pass
     close()
     return out
 

@@ -20,10 +20,11 @@ from ._hot import plain_paths
 __all__ = ["Arena", "ChunkSource", "StreamState", "GRAIN"]
 
 GRAIN = 256  # every block size and offset is a multiple of this
-MAX_HOT = 64  # cached sizes per stream; past this the cache starts afresh
+MAX_HOT = 1024  # cached sizes per stream; past this the cache starts afresh
 _CACHE_WINDOW = 8  # larger hot sizes a miss looks at before the free list's best fit
 _MISSED_MAX = 4096  # sizes remembered as having missed once
-HOT_DISTANCE = 64  # a size that misses again within this many misses gets a cache list
+HOT_DISTANCE = 1024  # a size that misses again within this many misses gets a cache list (the default of
+# ChunkSource.hot_distance: a loop over up to MAX_HOT sizes, e.g. a batch of 1 000, settles on the cache)
 
 
 class StreamState:
@@ -168,6 +169,8 @@ class ChunkSource:
     returns_chunks = True
     #: whether :meth:`prepare` does anything (the arena skips the call when not)
     prepares = False
+    #: a size that misses again within this many misses gets a cache list (see Arena.missed_again)
+    hot_distance = HOT_DISTANCE
 
     def grow(self, arena: "Arena", size: int, stream: Stream, exact: bool) -> tuple[int, int, bool]:
         """At least ``size`` bytes of new memory for ``stream`` (exactly ``size`` when ``exact``):
@@ -221,6 +224,7 @@ class Arena:
         self.event = None
         self.missed: dict[int, int] = {}  # size -> when it last missed the cache (see missed_again)
         self.misses = 0
+        self.hot_distance = source.hot_distance
         self._prepare = source.prepare if source.prepares else None
         self.allocate, self.deallocate = plain_paths(self)
 
@@ -307,7 +311,7 @@ class Arena:
         missed = self.missed
         n = self.misses = self.misses + 1
         last = missed.get(size)
-        if last is not None and n - last <= HOT_DISTANCE:
+        if last is not None and n - last <= self.hot_distance:
             self.state(stream).register(size, self.boundaries)
         elif len(missed) >= _MISSED_MAX:
             missed.clear()
