@@ -484,3 +484,35 @@ def test_a_loop_over_a_few_sizes_with_nothing_live_runs_on_the_cache(backend, ki
     else:
         mr.release()
         assert mr.pool_size == 0
+
+
+def test_footprint_limit_near_a_full_device_finishes_new_random_passes():
+    """Issue 22 (run 17 on the H200, reproduced here): RMM's random workload at 95 % of the device,
+    each pass with new sizes. With ``footprint_limit`` the VMM maps in 256 MiB runs, and a run is
+    released only whole: runs beside live blocks stranded 7 GiB of free pages and the third pass ran
+    out of memory, where 64 MiB runs finish. After the first out-of-memory the VMM maps in runs of at
+    most 64 MiB. Every byte goes back at the end."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "bench_workload.py"
+    spec = importlib.util.spec_from_file_location("bench_workload", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    total = 140 << 30
+    drv = SimDriver([SimDeviceSpec(total_memory=total)], policy="eager")
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size=4 * total, footprint_limit=1.1), driver=drv)
+    s = DEFAULT_STREAM
+    for seed in range(7, 12):
+        steps = bench.plan(1000, 1 << 30, int(total * 0.95), seed=seed)
+        sizes = {k: n for kind, n, k in steps if kind == "a"}
+        live = {}
+        for kind, n, k in steps:
+            if kind == "a":
+                live[k] = mr.allocate(n, s)
+            else:
+                mr.deallocate(live.pop(k), n, s)
+        for k, p in live.items():
+            mr.deallocate(p, sizes[k], s)
+    assert mr.live_bytes == 0 and mr.physical_bytes <= 1.1 * (total * 0.95) + (256 << 20)
+    mr.close()
+    assert drv.mem_get_info(0)[0] == total and drv.mapped_bytes() == 0

@@ -13,6 +13,7 @@ from ..driver import VMM_HANDLE_TYPES, Driver, get_driver
 
 __all__ = ["VirtualMemoryResource", "VirtualMemoryResourceOptions"]
 
+_NEAR_FULL_RUN = 64 << 20  # the largest mapping once the device has run out of memory (see _map_or_retry)
 _PLACEMENT_WINDOW = 8  # with a footprint limit: how many of the smallest fitting free blocks placement weighs
 
 
@@ -284,6 +285,10 @@ class _VirtualChunks(ChunkSource):
         except OutOfMemoryError:
             pass
         self.trim_locked()
+        # near a full device, map in runs of at most 64 MiB from now on: a run is released only
+        # whole, and larger runs beside live blocks strand more free pages (with footprint_limit's
+        # 256 MiB runs, 7 GiB at 95 % of an H200-sized device: out of memory where 64 MiB runs finish)
+        self._run_pages = min(self._run_pages, max(1, _NEAR_FULL_RUN // self.page))
         ptr = self.arena.find(size, stream)
         self._map_block(ptr, size, stream)
         return ptr
