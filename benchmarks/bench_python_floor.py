@@ -18,7 +18,6 @@ import json
 import os
 import sys
 import threading
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 _spec = importlib.util.spec_from_file_location("bench_workload", os.path.join(os.path.dirname(__file__), "bench_workload.py"))
@@ -26,38 +25,21 @@ bench_workload = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_workload)
 
 
-def _replay(steps, alloc, free) -> float:
-    handles = {}
-    t = time.perf_counter()
-    for kind, n, k in steps:
-        if kind == "a":
-            handles[k] = alloc(n)
-        else:
-            free(handles.pop(k), n)
-    dt = time.perf_counter() - t
-    for k, h in list(handles.items()):
-        free(h, [n for kind, n, kk in steps if kk == k][0])
-    return dt
-
-
 def main(argv=None) -> None:
     from mrkit import parse_size
     from mrkit._engine._freelist import FreeList
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-size", type=parse_size, default=parse_size("1GiB"))
-    ap.add_argument("--ops", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--ops", type=bench_workload._positive, default=1000)
+    ap.add_argument("--rounds", type=bench_workload._positive, default=5)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    for name in ("ops", "rounds"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     steps = bench_workload.plan(args.ops, args.max_size, 16 << 30)
     rows = {}
 
     def best(alloc, free):
-        _replay(steps, alloc, free)  # warm
-        return min(_replay(steps, alloc, free) for _ in range(args.rounds)) * 1e6 / len(steps)
+        bench_workload.replay(steps, alloc, free)  # warm
+        return min(bench_workload.replay(steps, alloc, free) for _ in range(args.rounds)) * 1e6 / len(steps)
 
     rows["empty loop"] = best(lambda n: n, lambda h, n: None)
     lock = threading.Lock()

@@ -15,7 +15,6 @@ import argparse
 import importlib.util
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _spec = importlib.util.spec_from_file_location("bench_workload", os.path.join(os.path.dirname(__file__), "bench_workload.py"))
@@ -47,23 +46,13 @@ def main(argv=None) -> None:
     spent = bench_workload._time_driver(drv, calls)
     s = mrkit.DEFAULT_STREAM
     steps = bench_workload.plan(args.ops, args.max_size, 16 * GiB)
-    sizes = {k: n for kind, n, k in steps if kind == "a"}
     print(f"VirtualMemoryResource(footprint_limit={opts.footprint_limit}, max_mapping={opts.max_mapping}) on "
           f"{drv.name}: sizes up to "
           f"{args.max_size / GiB:g} GiB, {len(steps)} operations per pass")
     for p in range(args.passes):
         calls.clear()
         moves, maps, in_driver = mr.moves, len(mr._src._maps), spent[0]
-        t = time.perf_counter()
-        handles = {}
-        for kind, n, k in steps:
-            if kind == "a":
-                handles[k] = mr.allocate(n, s)
-            else:
-                mr.deallocate(handles.pop(k), n, s)
-        dt = time.perf_counter() - t
-        for k, ptr in handles.items():
-            mr.deallocate(ptr, sizes[k], s)
+        dt = bench_workload.replay(steps, lambda n: mr.allocate(n, s), lambda p, n: mr.deallocate(p, n, s))
         print(f"pass {p}: {dt * 1e6 / len(steps):.2f} us/op, {(spent[0] - in_driver) * 1e6 / len(steps):.2f} in "
               f"driver calls; {mr.moves - moves} moves; {maps} mappings held at the start; physical high "
               f"{mr.mapped_high / GiB:.2f} GiB")

@@ -54,6 +54,23 @@ def plan(ops: int, max_size: int, cap: int, seed: int = 7) -> list[tuple]:
     return steps
 
 
+def replay(steps, alloc, free) -> float:
+    """Run ``steps`` (see :func:`plan`) through ``alloc(n) -> handle`` / ``free(handle, n)``; returns the
+    seconds it took. The blocks still live at the end are freed afterwards, untimed."""
+    handles = {}
+    t = time.perf_counter()
+    for kind, n, k in steps:
+        if kind == "a":
+            handles[k] = alloc(n)
+        else:
+            free(handles.pop(k), n)
+    dt = time.perf_counter() - t
+    sizes = {k: n for kind, n, k in steps if kind == "a"}
+    for k, h in handles.items():
+        free(h, sizes[k])
+    return dt
+
+
 def _used(cuda) -> int:
     free, total = cuda.cuMemGetInfo()[1:]
     return total - free
@@ -190,15 +207,12 @@ def _best_case(name, max_size, cap, ops, timeout, passes=3, repeat=1):
     """:func:`_run_case` in ``repeat`` fresh processes: the first one's record, with the fastest
     process's time (a process lands on whichever core the machine gives it)."""
     first = _run_case(name, max_size, cap, ops, timeout, passes)
-    times = [first.get("us_per_op")]
-    for _ in range(repeat - 1):
-        if not first.get("finished"):
-            break
+    first["processes"] = 1
+    while first["processes"] < repeat and first.get("finished"):
         r = _run_case(name, max_size, cap, ops, timeout, passes)
         if r.get("finished") and r["us_per_op"] < first["us_per_op"]:
             first.update(us_per_op=r["us_per_op"], driver_us_per_op=r.get("driver_us_per_op"))
-        times.append(r.get("us_per_op"))
-    first["processes"] = len(times)
+        first["processes"] += 1
     return first
 
 

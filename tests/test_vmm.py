@@ -504,15 +504,7 @@ def test_footprint_limit_near_a_full_device_finishes_new_random_passes():
     s = DEFAULT_STREAM
     for seed in range(7, 12):
         steps = bench.plan(1000, 1 << 30, int(total * 0.95), seed=seed)
-        sizes = {k: n for kind, n, k in steps if kind == "a"}
-        live = {}
-        for kind, n, k in steps:
-            if kind == "a":
-                live[k] = mr.allocate(n, s)
-            else:
-                mr.deallocate(live.pop(k), n, s)
-        for k, p in live.items():
-            mr.deallocate(p, sizes[k], s)
+        bench.replay(steps, lambda n: mr.allocate(n, s), lambda p, n: mr.deallocate(p, n, s))
     assert mr.live_bytes == 0 and mr.physical_bytes <= 1.1 * (total * 0.95) + (256 << 20)
     mr.close()
     assert drv.mem_get_info(0)[0] == total and drv.mapped_bytes() == 0

@@ -136,12 +136,12 @@ class StreamState:
 
     def bytes(self) -> int:
         cache = self.cache or {}
-        return self.free.total() + sum(s * len(v) for s, v in list(cache.items()))
+        return self.free.total() + sum(s * len(v) for s, v in cache.items())  # under the lock
 
     def cached(self) -> bool:
         """Whether any block is in the cache (lock held)."""
         cache = self.cache
-        return bool(cache) and any(list(cache.values()))
+        return bool(cache) and any(cache.values())  # only the lock adds keys
 
 
 class _OneState(dict):
@@ -224,7 +224,6 @@ class Arena:
         self.event = None
         self.missed: dict[int, int] = {}  # size -> when it last missed the cache (see missed_again)
         self.misses = 0
-        self.hot_distance = source.hot_distance
         self._prepare = source.prepare if source.prepares else None
         self.allocate, self.deallocate = plain_paths(self)
 
@@ -311,7 +310,7 @@ class Arena:
         missed = self.missed
         n = self.misses = self.misses + 1
         last = missed.get(size)
-        if last is not None and n - last <= self.hot_distance:
+        if last is not None and n - last <= self.source.hot_distance:
             self.state(stream).register(size, self.boundaries)
         elif len(missed) >= _MISSED_MAX:
             missed.clear()

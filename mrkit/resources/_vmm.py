@@ -235,6 +235,10 @@ class _VirtualChunks(ChunkSource):
         bsize, ptr = got[0]
         if ptr + bsize == self._top and len(got) > 1:  # take() keeps the wilderness when it can
             ptr = got[1][1]
+        return self._covered(ptr, size)
+
+    def _covered(self, ptr: int, size: int) -> bool:
+        """Whether every page of ``[ptr, ptr + size)`` is mapped."""
         base, page = self.base, self.page
         return self._cov.covers((ptr - base) // page, (ptr + size - 1 - base) // page + 1)
 
@@ -248,7 +252,7 @@ class _VirtualChunks(ChunkSource):
             return None
         page, base, cov = self.page, self.base, self._cov
         bsize, ptr = window[0]
-        if ptr != top and cov.covers((ptr - base) // page, (ptr + size - 1 - base) // page + 1):
+        if ptr != top and self._covered(ptr, size):
             return None  # the plain best fit needs nothing mapped: the usual case
         best = None
         for bsize, ptr in window:
