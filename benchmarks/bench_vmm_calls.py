@@ -39,8 +39,11 @@ def main(argv=None) -> None:
         drv = SimDriver(devices=[SimDeviceSpec(total_memory=141 * GiB)], policy="eager")
     else:
         drv = mrkit.get_driver()
-    opts = mrkit.VirtualMemoryResourceOptions(reserve_size=512 * GiB, footprint_limit=args.footprint_limit,
-                                              max_mapping=args.max_mapping)
+    try:
+        opts = mrkit.VirtualMemoryResourceOptions(reserve_size=512 * GiB, footprint_limit=args.footprint_limit,
+                                                  max_mapping=args.max_mapping)
+    except ValueError as exc:  # footprint_limit below 1.0, max_mapping of 0: one line naming the argument
+        ap.error(str(exc))
     mr = mrkit.VirtualMemoryResource(0, opts, driver=drv)
     calls: dict = {}
     spent = bench_workload._time_driver(drv, calls)

@@ -252,7 +252,10 @@ def _positive(text: str) -> int:
 
 def _size(text: str) -> int:
     from mrkit import parse_size
-    return parse_size(text)
+    try:
+        return parse_size(text)
+    except (ValueError, TypeError) as exc:  # argparse would only say "invalid _size value"
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv=None) -> None:
