@@ -389,19 +389,23 @@ class _VirtualChunks(ChunkSource):
     # -- moving physical memory (footprint_limit) ------------------------------------------------
     def _take_spare(self, most: int, reach: int) -> tuple[int, int | None]:
         """The largest spare allocation of at most ``most`` pages, else the smallest of at most
-        ``reach`` pages, taken out: ``(pages, handle)``."""
+        ``reach`` pages, taken out: ``(pages, handle)``. ``_spare`` holds no empty lists, so this looks
+        at the sizes spare now, not every size ever spared."""
         best = over = 0
-        for n, hs in self._spare.items():
-            if hs:
-                if best < n <= most:
-                    best = n
-                elif most < n <= reach and (not over or n < over):
-                    over = n
+        for n in self._spare:
+            if best < n <= most:
+                best = n
+            elif most < n <= reach and (not over or n < over):
+                over = n
         best = best or over
         if not best:
             return 0, None
         self._spare_bytes -= best * self.page
-        return best, self._spare[best].pop()
+        hs = self._spare[best]
+        h = hs.pop()
+        if not hs:
+            del self._spare[best]
+        return best, h
 
     def _put_spare(self, n: int, h: int) -> None:
         self._spare.setdefault(n, []).append(h)
@@ -438,42 +442,57 @@ class _VirtualChunks(ChunkSource):
                 self.driver.mem_release(hs.pop())
                 self._spare_bytes -= n * self.page
                 released += n * self.page
+            if not hs:
+                del self._spare[n]
         return released
 
     def _runs_in(self, free: FreeList):
-        """The mappings lying wholly inside one free block of ``free``, with that block's start: for
-        each free block, the runs that start in it, found by bisection (not a scan of every run)."""
-        page, base, maps, firsts = self.page, self.base, self._maps, self._map_firsts
+        """The mappings lying wholly inside one free block of ``free``, with that block's start."""
         for block, bsize in list(free.start.items()):
-            lo_page = -(-(block - base) // page)
-            hi_page = (block + bsize - base) // page
-            k = bisect_left(firsts, lo_page)
-            while k < len(firsts) and firsts[k] < hi_page:
-                first = firsts[k]
-                n, h = maps[first]
-                if first + n > hi_page:
-                    break
-                yield first, n, h, base + first * page, base + (first + n) * page, block
-                k += 1
+            yield from self._runs_in_block(block, bsize)
+
+    def _runs_in_block(self, block: int, bsize: int, down: bool = False):
+        """The mappings lying wholly inside the free block ``[block, block + bsize)``, found by
+        bisection (not a scan of every run), lowest first or, with ``down``, highest first:
+        ``(first page, pages, handle, lo, hi, block)``."""
+        page, base, maps, firsts = self.page, self.base, self._maps, self._map_firsts
+        lo_page = -(-(block - base) // page)
+        hi_page = (block + bsize - base) // page
+        k, end = bisect_left(firsts, lo_page), bisect_left(firsts, hi_page)
+        if k == end:
+            return
+        if down:
+            # the last run starting in the block may stick out of it; every one below it is inside
+            first = firsts[end - 1]
+            if first + maps[first][0] > hi_page:
+                end -= 1
+            order = range(end - 1, k - 1, -1)
+        else:
+            order = range(k, end)
+        for i in order:
+            first = firsts[i]
+            n, h = maps[first]
+            if first + n > hi_page:
+                break
+            yield first, n, h, base + first * page, base + (first + n) * page, block
 
     def _free_runs(self, need: int | None) -> list:
         """``(state, run)`` for the mappings lying wholly in the free memory of streams that can be
         waited for, highest addresses first (the mapped memory stays packed low); with ``need``, only
-        the first ones that together cover ``need`` bytes."""
-        found = []
+        the first ones that together cover ``need`` bytes (the walk stops there)."""
+        blocks = []
         for st in list(self.arena.states.values()):
             st.flush(self.arena.boundaries)
             if st.free.sizes and st.stream.alive is True:
-                found.extend((st, run) for run in self._runs_in(st.free))
-        found.sort(key=lambda c: c[1][3], reverse=True)
-        if need is None:
-            return found
+                blocks.extend((block, bsize, st) for block, bsize in st.free.start.items())
+        blocks.sort(key=lambda b: b[0], reverse=True)  # free blocks never overlap: runs come out in order
         chosen, got = [], 0
-        for c in found:
-            if got >= need:
-                break
-            chosen.append(c)
-            got += c[1][4] - c[1][3]
+        for block, bsize, st in blocks:
+            for run in self._runs_in_block(block, bsize, down=True):
+                if need is not None and got >= need:
+                    return chosen
+                chosen.append((st, run))
+                got += run[4] - run[3]
         return chosen
 
     def _unmap(self, first: int, n: int, h: int) -> int:
