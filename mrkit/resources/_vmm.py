@@ -335,9 +335,13 @@ class _VirtualChunks(ChunkSource):
                 first = a
                 while a < b:
                     if self._spare_bytes:
-                        # a spare larger than the gap may overhang into the unmapped free pages above
+                        # a spare larger than the gap may overhang into the unmapped free pages above;
+                        # one under half of what is left to map (or half a run) is not taken: moved
+                        # pieces would multiply, and every later move costs per mapping, whatever its
+                        # size — it is released, and a run is created in its place
                         k = bisect_right(starts, a)
-                        n, h = self._take_spare(b - a, min(starts[k] if k < len(starts) else top, top) - a)
+                        n, h = self._take_spare(b - a, min(starts[k] if k < len(starts) else top, top) - a,
+                                                min(b - a, self._run_pages) // 2)
                     else:
                         n, h = 0, None
                     moved = h is not None
@@ -387,12 +391,14 @@ class _VirtualChunks(ChunkSource):
             self._mapped_high = physical
 
     # -- moving physical memory (footprint_limit) ------------------------------------------------
-    def _take_spare(self, most: int, reach: int) -> tuple[int, int | None]:
-        """The largest spare allocation of at most ``most`` pages, else the smallest of at most
+    def _take_spare(self, most: int, reach: int, least: int = 0) -> tuple[int, int | None]:
+        """The largest spare allocation of ``least`` to ``most`` pages, else the smallest of at most
         ``reach`` pages, taken out: ``(pages, handle)``. ``_spare`` holds no empty lists, so this looks
         at the sizes spare now, not every size ever spared."""
         best = over = 0
         for n in self._spare:
+            if n < least:
+                continue
             if best < n <= most:
                 best = n
             elif most < n <= reach and (not over or n < over):
