@@ -13,7 +13,12 @@ from ..driver import VMM_HANDLE_TYPES, Driver, get_driver
 
 __all__ = ["VirtualMemoryResource", "VirtualMemoryResourceOptions"]
 
-_NEAR_FULL_RUN = 64 << 20  # the largest mapping once the device has run out of memory (see _map_or_retry)
+# Near a full device a run beside live blocks strands its free pages (a run is released only whole):
+# past _NEAR_FULL_FRACTION of the device's memory, or after the device ran out, runs are at most
+# _NEAR_FULL_RUN (footprint_limit's 256 MiB runs stranded 7 GiB at 95 % of an H200 and ran out of
+# memory where 64 MiB runs finish)
+_NEAR_FULL_RUN = 64 << 20
+_NEAR_FULL_FRACTION = 0.75
 _PLACEMENT_WINDOW = 8  # with a footprint limit: how many of the smallest fitting free blocks placement weighs
 
 
@@ -26,7 +31,9 @@ class VirtualMemoryResourceOptions:
         pages are mapped in runs of up to this size, and a run is released only when all of it is free.
         Larger runs mean fewer driver calls; smaller ones a tighter footprint. Default: 64 MiB, or
         256 MiB with ``footprint_limit`` (a move costs about the same whatever its size, so moving
-        physical memory in larger pieces makes fewer moves).
+        physical memory in larger pieces makes fewer moves). Past three quarters of the device's
+        memory, or once it has run out, runs are at most 64 MiB: a large run partly reused beside a
+        live block strands its free pages, and near a full device that is the next out-of-memory.
     release_threshold: free mapped bytes tolerated before free runs are unmapped and released
         automatically (``None``: no absolute limit).
     release_fraction: the same, relative to the live bytes (``0.1``: keep the free mapped memory under
@@ -170,6 +177,9 @@ class _VirtualChunks(ChunkSource):
         mapping = opts.max_mapping if opts.max_mapping is not None else \
             (256 << 20 if opts.footprint_limit is not None else 64 << 20)
         self._run_pages = max(1, mapping // page)
+        # past three quarters of the device, runs of at most 64 MiB (see _NEAR_FULL_RUN)
+        self._near_full = int(_NEAR_FULL_FRACTION * drv.device_total_mem(location))
+        self._small_run = min(self._run_pages, max(1, _NEAR_FULL_RUN // page))
         self._pending: list = []  # (event, stream, runs) set aside by a non-blocking release
         self._pending_bytes = 0  # mapped bytes in those runs
         self._auto_release = opts.release_threshold is not None or opts.release_fraction is not None
@@ -282,25 +292,36 @@ class _VirtualChunks(ChunkSource):
         return ptr
 
     def _map_or_retry(self, ptr, size, stream):
-        """Map the block's missing pages; out of memory: trim once, take again and map."""
+        """Map the block's missing pages. Out of device memory: move free mappings into the block
+        instead of creating pages; still out of memory: trim once, take again and map."""
         try:
             self._map_block(ptr, size, stream)
             return ptr
         except OutOfMemoryError:
             pass
+        if self._run_pages > self._small_run:
+            # The first time: runs of at most 64 MiB from now on (see _NEAR_FULL_RUN), and the
+            # larger free runs released by a trim, to be mapped again in small runs.
+            self._run_pages = self._small_run
+        else:
+            # Later: move what the block lacks from free mappings, a few driver calls per mapping
+            # moved, where a trim released every free mapping and created most of them again (a
+            # thousand and more per thousand operations at 95 % of the device).
+            ptr = self.arena.find(size, stream)
+            try:
+                self._map_block(ptr, size, stream, short=True)
+                return ptr
+            except OutOfMemoryError:
+                pass
         self.trim_locked()
-        # near a full device, map in runs of at most 64 MiB from now on: a run is released only
-        # whole, and larger runs beside live blocks strand more free pages (with footprint_limit's
-        # 256 MiB runs, 7 GiB at 95 % of an H200-sized device: out of memory where 64 MiB runs finish)
-        self._run_pages = min(self._run_pages, max(1, _NEAR_FULL_RUN // self.page))
         ptr = self.arena.find(size, stream)
         self._map_block(ptr, size, stream)
         return ptr
 
-    def _map_block(self, ptr, size, stream):
+    def _map_block(self, ptr, size, stream, short=False):
         """``_ensure_mapped``; if it fails, the block goes back to its stream's free list."""
         try:
-            self._ensure_mapped(ptr, size)
+            self._ensure_mapped(ptr, size, short)
         except BaseException:
             self.arena.state(stream).free.insert(ptr, size, self.arena.boundaries)
             raise
@@ -316,17 +337,25 @@ class _VirtualChunks(ChunkSource):
             # from the top of the range down, so the mapped memory stays packed at the bottom
             self.release_async(free - limit // 2)
 
-    def _ensure_mapped(self, ptr: int, size: int) -> None:
+    def _ensure_mapped(self, ptr: int, size: int, short: bool = False) -> None:
         """Map every missing page of [ptr, ptr+size), in runs of up to ``max_mapping`` (or the size
         of a spare physical allocation being moved here), as one transaction: if any step fails, the
-        runs mapped by this call are unmapped, created ones released and moved ones kept spare."""
+        runs mapped by this call are unmapped, created ones released and moved ones kept spare.
+        ``short``: the device is out of memory, so first unmap free mappings enough for every missing
+        page and move them here (whatever their sizes), creating only what they do not cover."""
         page, base = self.page, self.base
         gaps = self._cov.gaps((ptr - base) // page, (ptr + size - 1 - base) // page + 1)
         if not gaps:
             return
         limit = self.options.footprint_limit
-        if limit is not None:
-            self._make_room(sum(b - a for a, b in gaps), size, limit)
+        missing = sum(b - a for a, b in gaps) * page
+        if self._mapped + self._spare_bytes + missing > self._near_full:
+            self._run_pages = self._small_run
+        if short:
+            self._release_large_free_runs()
+            self._unmap_free(missing - self._spare_bytes)
+        elif limit is not None:
+            self._make_room(missing // page, size, limit)
         drv, dev = self.driver, self.device_id
         done: list[tuple[int, int, int, bool]] = []  # (first page, pages, handle, moved)
         try:
@@ -338,16 +367,24 @@ class _VirtualChunks(ChunkSource):
                         # a spare larger than the gap may overhang into the unmapped free pages above;
                         # one under half of what is left to map (or half a run) is not taken: moved
                         # pieces would multiply, and every later move costs per mapping, whatever its
-                        # size — it is released, and a run is created in its place
+                        # size — it is released, and a run is created in its place. Nothing larger
+                        # than a run is taken: near a full device runs shrink, and larger spares go
                         k = bisect_right(starts, a)
-                        n, h = self._take_spare(b - a, min(starts[k] if k < len(starts) else top, top) - a,
-                                                min(b - a, self._run_pages) // 2)
+                        reach = min(starts[k] if k < len(starts) else top, top) - a
+                        most = min(b - a, self._run_pages)
+                        n, h = self._take_spare(most, min(reach, self._run_pages), 0 if short else most // 2)
                     else:
                         n, h = 0, None
                     moved = h is not None
                     if not moved:
                         n = min(b - a, self._run_pages)
-                        h = drv.mem_create(self._location, n * page, self.options.handle_type)
+                        try:
+                            h = drv.mem_create(self._location, n * page, self.options.handle_type)
+                        except OutOfMemoryError:
+                            if not self._spare_bytes:
+                                raise
+                            self._release_spare()  # spares that fit no gap: their memory, then again
+                            h = drv.mem_create(self._location, n * page, self.options.handle_type)
                     va, nbytes = base + a * page, n * page
                     try:
                         drv.mem_map(va, nbytes, 0, h)
@@ -383,9 +420,11 @@ class _VirtualChunks(ChunkSource):
             self._cov.add(start, start + n)
             self._mapped += n * page
             self._moves += moved
-        if limit is not None and self._spare_bytes:
-            # spares too large for this block's gaps: give back what exceeds the limit
-            self._release_spare(self._mapped + self._spare_bytes - int(limit * self._live_high))
+        if self._spare_bytes:
+            # spares too large for this block's gaps: give back what exceeds the limit (all of them
+            # without one: they were unmapped only because the device was out of memory)
+            self._release_spare(None if limit is None else
+                                self._mapped + self._spare_bytes - int(limit * self._live_high))
         physical = self._mapped + self._spare_bytes
         if physical > self._mapped_high:
             self._mapped_high = physical
@@ -425,15 +464,35 @@ class _VirtualChunks(ChunkSource):
         page = self.page
         self._live_high = high = max(self._live_high, self.arena.live_total() + size)
         create = max(0, pages * page - self._spare_bytes)
-        over = self._mapped + self._spare_bytes + create - int(limit * high)
-        if over <= 0:
-            return
-        chosen = self._free_runs(over)
-        drv, waited = self.driver, set()
-        for st, _ in chosen:  # unmapping is not stream ordered: wait for the streams that freed it
+        self._unmap_free(self._mapped + self._spare_bytes + create - int(limit * high))
+
+    def _release_large_free_runs(self) -> None:
+        """Out of device memory: release the free mappings larger than the small runs now mapped
+        (made before the device filled up), so that the pages are mapped again in small runs: a
+        large run partly reused beside a live block strands its free pages."""
+        large = [c for c in self._free_runs(None) if c[1][1] > self._small_run]
+        self._wait_for_states(large)
+        for _, (first, n, h, *_) in large:
+            self._unmap(first, n, h)
+
+    def _wait_for_states(self, chosen: list) -> None:
+        """Unmapping is not stream ordered: wait for the streams that freed the ``(state, run)``s."""
+        waited = set()
+        for st, _ in chosen:
             if id(st) not in waited:
                 waited.add(id(st))
                 self.arena.wait_for(st.stream)
+
+    def _unmap_free(self, need: int) -> None:
+        """Unmap mappings lying wholly in free memory, ``need`` bytes of them at least if there are
+        (highest addresses first, so the mapped memory stays packed low), and keep their physical
+        allocations spare, to be mapped where they are needed."""
+        if need <= 0:
+            return
+        page = self.page
+        chosen = self._free_runs(need)
+        self._wait_for_states(chosen)
+        drv = self.driver
         for _, (first, n, h, lo, hi, block) in chosen:
             drv.mem_unmap(lo, n * page)
             self._forget_run(first, n)
@@ -598,7 +657,10 @@ class VirtualMemoryResource(CachingResource):
 
     Undo on failure: mapping a block's pages is one transaction; if any ``cuMemCreate``/``cuMemMap``/
     ``cuMemSetAccess`` fails (out of memory half-way, say) the pages mapped by that call are unmapped
-    and released, the block returns to the free list, and the pool first trims itself and retries.
+    and released, and the block returns to the free list. Out of device memory, the resource maps in
+    runs of at most 64 MiB from then on and tries again: the first time after a trim, later by moving
+    free mappings into the block (and releasing free runs larger than 64 MiB), with a trim only when
+    that is not enough.
     """
 
     __slots__ = ("_src",)
