@@ -255,15 +255,16 @@ class _VirtualChunks(ChunkSource):
     def _fit_mapped(self, free: FreeList, size: int, top: int | None) -> int | None:
         """Placement that saves driver calls: of the few smallest free blocks that hold ``size``
         (``_PLACEMENT_WINDOW``), the one where the block would need the fewest pages mapped, at
-        whichever end of it needs fewer; None when the best fit already needs none (the caller
-        takes it) or nothing fits."""
+        whichever end of it needs fewer; None when the plain best fit is the choice after all (the
+        caller takes it) or nothing fits."""
         window = free.candidates(size, _PLACEMENT_WINDOW)
         if not window:
             return None
         page, base, cov = self.page, self.base, self._cov
         bsize, ptr = window[0]
-        if ptr != top and self._covered(ptr, size):
-            return None  # the plain best fit needs nothing mapped: the usual case
+        if ptr != top and self._covered(ptr, size):  # the plain best fit needs nothing mapped: the
+            free.cut(ptr, ptr, size)                 # usual case, taken here (no second search)
+            return ptr
         best = None
         for bsize, ptr in window:
             if ptr == top:
@@ -378,6 +379,11 @@ class _VirtualChunks(ChunkSource):
                     moved = h is not None
                     if not moved:
                         n = min(b - a, self._run_pages)
+                        if limit is not None and self._spare_bytes:
+                            # spares passed over (too small): where creating would go past the limit,
+                            # release them first, smallest first (the driver counts the peak meanwhile)
+                            held = self._mapped + self._spare_bytes + sum(d[1] for d in done) * page
+                            self._release_spare(held + n * page - int(limit * self._live_high), smallest=True)
                         try:
                             h = drv.mem_create(self._location, n * page, self.options.handle_type)
                         except OutOfMemoryError:
@@ -498,10 +504,11 @@ class _VirtualChunks(ChunkSource):
             self._forget_run(first, n)
             self._put_spare(n, h)
 
-    def _release_spare(self, most: int | None = None) -> int:
-        """Release spare allocations, largest first: all of them, or until ``most`` bytes."""
+    def _release_spare(self, most: int | None = None, smallest: bool = False) -> int:
+        """Release spare allocations, largest (or ``smallest``) first: all of them, or until ``most``
+        bytes."""
         released = 0
-        for n in sorted(self._spare, reverse=True):
+        for n in sorted(self._spare, reverse=not smallest):
             hs = self._spare[n]
             while hs and (most is None or released < most):
                 self.driver.mem_release(hs.pop())
