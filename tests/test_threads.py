@@ -154,6 +154,27 @@ def test_vmm_trim_racing_allocation_loses_nothing():
         s.close()
 
 
+@pytest.mark.parametrize("limit", [None, 1.1])
+def test_vmm_out_of_memory_moves_racing_allocation_lose_nothing(limit):
+    """Issue 22: out of device memory the VMM moves free mappings of any stream into the block (after
+    waiting for that stream), releases its larger free runs and, failing that, trims. Four threads on
+    four streams ask for far more than a 256 MiB device holds, so every allocation on the edge takes
+    that path, while trim() runs beside them; no block is handed out twice, and at the end every page
+    is back with the driver."""
+    drv = SimDriver(devices=[SimDeviceSpec(total_memory=256 * MiB)], policy="eager")
+    vmm = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size=4 << 30, footprint_limit=limit),
+                                driver=drv)
+    streams = _run(vmm, drv, threads=4, ops=600, churn=vmm.trim, period=0.002,
+                   sizes=(MiB, 6 * MiB, 20 * MiB, 36 * MiB))
+    assert vmm.live_bytes == 0
+    vmm.trim()
+    assert vmm.mapped_bytes == 0 and vmm.physical_bytes == 0
+    vmm.close()
+    assert drv.mapped_bytes() == 0 and drv.mem_get_info(0)[0] == 256 * MiB
+    for s in streams:
+        s.close()
+
+
 GPU_OPS = int(os.environ.get("MRKIT_THREAD_OPS", "100000"))
 
 
