@@ -310,7 +310,7 @@ def main(argv=None) -> None:
                 continue
             if not r.get("finished"):
                 err = r.get("error", "")
-                oom = "OutOfMemory" in err or "out of memory" in err.lower()
+                oom = "OutOfMemory" in err or any(t in err.lower() for t in ("out of memory", "out_of_memory"))
                 cells.append(f"OOM ({err[:40]})" if oom else f"failed ({err[:40]})")
             else:
                 mv = f", {r['moves_per_op']:.2f} moves/op" if r.get("moves") else ""
