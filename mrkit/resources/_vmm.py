@@ -301,8 +301,8 @@ class _VirtualChunks(ChunkSource):
         except OutOfMemoryError:
             pass
         if self._run_pages > self._small_run:
-            # The first time: runs of at most 64 MiB from now on (see _NEAR_FULL_RUN), and the
-            # larger free runs released by a trim, to be mapped again in small runs.
+            # The first time: runs of at most 64 MiB from now on (see _NEAR_FULL_RUN), and a trim
+            # releases the free runs, to be mapped again in small runs.
             self._run_pages = self._small_run
         else:
             # Later: move what the block lacks from free mappings, a few driver calls per mapping
@@ -369,7 +369,8 @@ class _VirtualChunks(ChunkSource):
                         # one under half of what is left to map (or half a run) is not taken: moved
                         # pieces would multiply, and every later move costs per mapping, whatever its
                         # size — it is released, and a run is created in its place. Nothing larger
-                        # than a run is taken: near a full device runs shrink, and larger spares go
+                        # than a run is taken: near a full device runs shrink, and larger spares are
+                        # released too
                         k = bisect_right(starts, a)
                         reach = min(starts[k] if k < len(starts) else top, top) - a
                         most = min(b - a, self._run_pages)
