@@ -353,8 +353,7 @@ class _VirtualChunks(ChunkSource):
         if self._mapped + self._spare_bytes + missing > self._near_full:
             self._run_pages = self._small_run
         if short:
-            self._release_large_free_runs()
-            self._unmap_free(missing - self._spare_bytes)
+            self._unmap_free(missing - self._spare_bytes, release_large=True)
         elif limit is not None:
             self._make_room(missing // page, size, limit)
         drv, dev = self.driver, self.device_id
@@ -473,34 +472,34 @@ class _VirtualChunks(ChunkSource):
         create = max(0, pages * page - self._spare_bytes)
         self._unmap_free(self._mapped + self._spare_bytes + create - int(limit * high))
 
-    def _release_large_free_runs(self) -> None:
-        """Out of device memory: release the free mappings larger than the small runs now mapped
-        (made before the device filled up), so that the pages are mapped again in small runs: a
-        large run partly reused beside a live block strands its free pages."""
-        large = [c for c in self._free_runs(None) if c[1][1] > self._small_run]
-        self._wait_for_states(large)
-        for _, (first, n, h, *_) in large:
-            self._unmap(first, n, h)
-
-    def _wait_for_states(self, chosen: list) -> None:
-        """Unmapping is not stream ordered: wait for the streams that freed the ``(state, run)``s."""
-        waited = set()
-        for st, _ in chosen:
+    def _unmap_free(self, need: int, release_large: bool = False) -> None:
+        """Unmap mappings lying wholly in free memory, ``need`` bytes of them at least if there are
+        (highest addresses first, so the mapped memory stays packed low), and keep their physical
+        allocations spare, to be mapped where they are needed. ``release_large`` (out of device
+        memory): every free mapping larger than the small runs now mapped (made before the device
+        filled up) is released instead, so that its pages come back in small runs — a large run partly
+        reused beside a live block strands its free pages — and the spares come from the others."""
+        small = self._small_run if release_large else None
+        if need <= 0 and small is None:
+            return
+        runs = self._free_runs(None if small is not None else need)
+        release = [] if small is None else [c for c in runs if c[1][1] > small]
+        keep, got = [], 0
+        for c in runs:
+            if got >= need:
+                break
+            if small is None or c[1][1] <= small:
+                keep.append(c)
+                got += c[1][4] - c[1][3]
+        waited = set()  # unmapping is not stream ordered: wait for the streams that freed them
+        for st, _ in release + keep:
             if id(st) not in waited:
                 waited.add(id(st))
                 self.arena.wait_for(st.stream)
-
-    def _unmap_free(self, need: int) -> None:
-        """Unmap mappings lying wholly in free memory, ``need`` bytes of them at least if there are
-        (highest addresses first, so the mapped memory stays packed low), and keep their physical
-        allocations spare, to be mapped where they are needed."""
-        if need <= 0:
-            return
-        page = self.page
-        chosen = self._free_runs(need)
-        self._wait_for_states(chosen)
-        drv = self.driver
-        for _, (first, n, h, lo, hi, block) in chosen:
+        for _, (first, n, h, *_) in release:
+            self._unmap(first, n, h)
+        drv, page = self.driver, self.page
+        for _, (first, n, h, lo, hi, block) in keep:
             drv.mem_unmap(lo, n * page)
             self._forget_run(first, n)
             self._put_spare(n, h)
