@@ -261,9 +261,12 @@ def _positive(text: str) -> int:
 def _size(text: str) -> int:
     from mrkit import parse_size
     try:
-        return parse_size(text)
+        n = parse_size(text)
     except (ValueError, TypeError) as exc:  # argparse would only say "invalid _size value"
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
+    return n
 
 
 def main(argv=None) -> None:
@@ -271,22 +274,32 @@ def main(argv=None) -> None:
     ap.add_argument("--case")
     ap.add_argument("--max-size", type=_size)
     ap.add_argument("--cap", type=_size, default=16 * GiB)
-    ap.add_argument("--ops", type=int, default=4000)
+    ap.add_argument("--ops", type=_positive, default=4000)
     ap.add_argument("--only", action="append", help="allocators to run, comma-separated (default: all)")
-    ap.add_argument("--timeout", type=int, default=120)
+    ap.add_argument("--timeout", type=_positive, default=120, help="seconds per case")
     ap.add_argument("--passes", type=_positive, default=3, help="timed warm passes per case (the fastest is reported)")
     ap.add_argument("--repeat", type=_positive, default=1, help="fresh processes per case (the fastest is reported)")
     ap.add_argument("--no-fragmentation", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     args = ap.parse_args(argv)
+    only = [n.strip() for o in args.only or () for n in o.split(",")]  # --only a,b or --only a --only b
+    unknown = [n for n in only + ([args.case] if args.case else []) if n not in ALLOCATORS]
+    if unknown:
+        ap.error(f"unknown allocator {unknown[0]!r}; choose from: {', '.join(ALLOCATORS)}")
+    if args.case and args.max_size is None:
+        ap.error("--case needs --max-size")
+    try:
+        from cuda.bindings import driver as cuda
+        err, = cuda.cuInit(0)
+        if err != cuda.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(err.name)
+    except Exception as exc:  # noqa: BLE001 - no driver library, no device: one line, not a traceback
+        ap.error(f"needs an NVIDIA GPU and its driver ({type(exc).__name__}: {exc})")
     if args.case:
         print(json.dumps(one_case(args.case, args.max_size, args.cap, args.ops, args.passes)))
         return
-    from cuda.bindings import driver as cuda
-    cuda.cuInit(0)
     total = cuda.cuDeviceTotalMem(cuda.cuDeviceGet(0)[1])[1]
-    only = [n.strip() for o in args.only or () for n in o.split(",")]  # --only a,b or --only a --only b
     names = [n for n in (only or ALLOCATORS) if _importable(_NEEDS.get(n.split()[0]))]
     rows = []
     for max_size in (64 * MiB, 1 * GiB, 4 * GiB):
