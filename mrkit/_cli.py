@@ -57,18 +57,17 @@ def _runtime_version(cuda) -> str:
 
 
 def _backend_story() -> tuple[str, str]:
-    """(backend the process uses, why) without touching the GPU more than asking for its count."""
-    import os
+    """(backend the process uses, why) without touching the GPU more than asking for its count: the
+    same choice the library makes (:func:`mrkit.driver.auto_backend`)."""
+    from .driver import CudaDriver, env_backend
 
-    from .driver import CudaDriver
-
-    env = os.environ.get("MRKIT_BACKEND", "").strip().lower()
+    env = env_backend()
     if env == "sim":
         return "sim", "MRKIT_BACKEND=sim is set"
     try:
         n = CudaDriver().device_count()
     except CUDAUnavailableError as exc:
-        return "none", f"MRKIT_BACKEND={env or 'cuda (default)'} but {exc.explanation}"
+        return "none", f"MRKIT_BACKEND={env or 'unset'} and {exc.explanation}"
     if n == 0:
         return "none", "the CUDA driver is present but reports no device"
     return "cuda", ("MRKIT_BACKEND=cuda is set" if env == "cuda" else
@@ -120,8 +119,11 @@ def cmd_info(args, out=None) -> int:
 
 
 def _demo_driver(backend: str | None):
-    from .driver import CudaDriver, SimDriver
+    """The driver a command runs on: ``--backend``, else what the library would choose
+    (``MRKIT_BACKEND``; unset, the GPU if there is one, else the simulator)."""
+    from .driver import CudaDriver, SimDriver, env_backend
 
+    backend = backend or env_backend()
     if backend == "sim":
         return SimDriver(policy="random", seed=7)
     drv = CudaDriver()
@@ -253,7 +255,8 @@ def cmd_replay(args, out=None) -> int:
 
     drv = _demo_driver(args.backend)
     events = read_log(args.log)
-    print(f"{len(events)} events from {args.log} on the {drv.name} backend", file=out)
+    if not getattr(args, "json", False):
+        print(f"{len(events)} events from {args.log} on the {drv.name} backend", file=out)
     rows, results = [], []
     bar, advance = _progress(len(events) * len(args.resource), "replay", not _wants_progress(args, out))
     with use_backend(drv), bar:
@@ -339,76 +342,156 @@ def _positive_int(text: str) -> int:
     return n
 
 
+PLOT_SUFFIXES = (".png", ".svg", ".pdf", ".html")
+
+
+def _output_path(suffixes):
+    """An argparse type: a path to write, whose folder exists and whose extension is one of ``suffixes``
+    (checked before any work starts)."""
+    def check(text: str) -> str:
+        import os
+        folder = os.path.dirname(os.path.abspath(text))
+        ext = os.path.splitext(text)[1].lower()
+        if suffixes and ext not in suffixes:
+            raise argparse.ArgumentTypeError(f"unsupported extension {ext or '(none)'!r} in {text!r} "
+                                             f"(expected {', '.join(suffixes)})")
+        if not os.path.isdir(folder):
+            raise argparse.ArgumentTypeError(f"the folder {folder} does not exist")
+        return text
+    return check
+
+
+def _spec_arg(text: str) -> str:
+    from ._spec import parse_spec
+    try:
+        parse_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(" ".join(str(exc).split("\n")[0].split())) from None
+    return text
+
+
+def _existing_file(text: str) -> str:
+    import os
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no such file: {text!r}")
+    return text
+
+
+def _common_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Flags shared by several commands, each declared once (every one is valid after its command)."""
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the full traceback of an error")
+    backend = argparse.ArgumentParser(add_help=False)
+    backend.add_argument("--backend", choices=["cuda", "sim"], default=None,
+                         help="force a backend (default: MRKIT_BACKEND, else the GPU if there is one, else the simulator)")
+    js = argparse.ArgumentParser(add_help=False)
+    js.add_argument("--json", action="store_true", help="machine-readable output: pure JSON on stdout")
+    progress = argparse.ArgumentParser(add_help=False)
+    group = progress.add_mutually_exclusive_group()
+    group.add_argument("--progress", action="store_true",
+                       help="show the progress bar even when not on a terminal (plain text without rich)")
+    group.add_argument("--quiet", action="store_true", help="no progress bar")
+    return {"debug": debug, "backend": backend, "json": js, "progress": progress}
+
+
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="mrkit", description="Stream-ordered memory resources for CUDA.")
+    c = _common_parsers()
+    parser = argparse.ArgumentParser(prog="mrkit", description="Stream-ordered memory resources for CUDA.",
+                                     parents=[c["debug"]])
     parser.add_argument("--version", action="version", version=f"mrkit {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
-    info = sub.add_parser("info", help="versions, devices and the capabilities mrkit uses")
-    info.add_argument("--json", action="store_true", help="machine-readable output")
-    demo = sub.add_parser("demo", help="run a multi-stream workload through a pool (GPU, else simulator)")
-    demo.add_argument("--backend", choices=["cuda", "sim"], default=None,
-                      help="force a backend (default: the GPU if there is one, else the simulator)")
+
+    def command(name, help, *shared):
+        return sub.add_parser(name, help=help, parents=[c["debug"]] + [c[k] for k in shared])
+
+    command("info", "versions, devices and the capabilities mrkit uses", "json")
+    demo = command("demo", "run a multi-stream workload through a pool (GPU, else simulator)", "backend", "progress")
     demo.add_argument("--ops", type=_positive_int, default=20000, help="allocate/free calls to make")
-    demo.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
-    demo.add_argument("--quiet", action="store_true", help="no progress bar")
-    demo.add_argument("--plot", metavar="PATH", help="draw memory over time to PATH (.png/.svg/.html; "
+    plot = demo.add_mutually_exclusive_group()
+    plot.add_argument("--plot", metavar="PATH", type=_output_path(PLOT_SUFFIXES),
+                      help="draw memory over time to PATH (.png/.svg/.pdf/.html; "
                       "default mrkit-demo.png where matplotlib is installed)")
-    demo.add_argument("--no-plot", action="store_true", help="draw no picture")
-    rep = sub.add_parser("replay", help="replay an allocation log (mrkit's or RMM's CSV) against resources")
+    plot.add_argument("--no-plot", action="store_true", help="draw no picture")
+    rep = command("replay", "replay an allocation log (mrkit's or RMM's CSV) against resources",
+                  "backend", "json", "progress")
     rep.add_argument("log", help="the CSV log (Thread,Time,Action,Pointer,Size,Stream)")
-    rep.add_argument("--resource", action="append", default=None,
+    rep.add_argument("--resource", action="append", default=None, type=_spec_arg,
                      help="a resource spec, e.g. 'pool(device)'; repeat to compare (default: device, pool(device))")
-    rep.add_argument("--backend", choices=["cuda", "sim"], default=None,
-                     help="force a backend (default: the GPU if there is one, else the simulator)")
-    rep.add_argument("--json", action="store_true", help="machine-readable output")
-    rep.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
-    rep.add_argument("--quiet", action="store_true", help="no progress bar")
-    bench = sub.add_parser("bench", help="measure a resource spec beside CuPy's and PyTorch's allocators")
-    bench.add_argument("--resource", default="pool(device)", help="the resource spec to measure (default: pool(device))")
+    bench = command("bench", "measure a resource spec beside CuPy's and PyTorch's allocators",
+                    "backend", "json", "progress")
+    bench.add_argument("--resource", default="pool(device)", type=_spec_arg,
+                       help="the resource spec to measure (default: pool(device))")
     bench.add_argument("--workload", action="append", choices=["pairs", "batch", "random", "streams"],
                        help="repeat to pick several (default: all)")
     bench.add_argument("--ops", type=_positive_int, default=20000, help="calls per workload and round")
     bench.add_argument("--rounds", type=_positive_int, default=3, help="rounds per allocator (median reported)")
-    bench.add_argument("--json", action="store_true", help="machine-readable output")
-    bench.add_argument("--backend", choices=["cuda", "sim"], default=None,
-                       help="force a backend (default: the GPU if there is one, else the simulator)")
-    bench.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
-    bench.add_argument("--quiet", action="store_true", help="no progress bar")
-    plot = sub.add_parser("plot", help="draw memory in use over time from an allocation log (needs mrkit[plot])")
-    plot.add_argument("log", help="the CSV log (mrkit's or RMM's)")
-    plot.add_argument("-o", "--output", required=True, help="out.png, .svg, .pdf or .html")
-    snap = sub.add_parser("snapshot", help="turn an allocation log into a PyTorch memory_viz snapshot")
-    snap.add_argument("log", help="the CSV log (mrkit's or RMM's)")
-    snap.add_argument("-o", "--output", required=True, help="the pickle to write (e.g. snap.pickle)")
+    plot = command("plot", "draw memory in use over time from an allocation log (needs mrkit[plot])")
+    plot.add_argument("log", type=_existing_file, help="the CSV log (mrkit's or RMM's)")
+    plot.add_argument("-o", "--output", required=True, type=_output_path(PLOT_SUFFIXES),
+                      help="out.png, .svg, .pdf or .html")
+    snap = command("snapshot", "turn an allocation log into a PyTorch memory_viz snapshot")
+    snap.add_argument("log", type=_existing_file, help="the CSV log (mrkit's or RMM's)")
+    snap.add_argument("-o", "--output", required=True, type=_output_path(()),
+                      help="the pickle to write (e.g. snap.pickle)")
     return parser
 
 
+def _check_environment(args) -> None:
+    """MRKIT_BACKEND and MRKIT_RESOURCE, checked before any work (each error names its variable)."""
+    import os
+
+    from ._current import env_spec
+    from .driver import env_backend
+    env_backend()
+    if os.environ.get("MRKIT_RESOURCE"):
+        env_spec()
+        if args.command in ("demo", "replay", "bench"):
+            env_spec(_demo_driver(getattr(args, "backend", None)).device_count())
+
+
 def main(argv=None) -> int:
-    """The ``mrkit`` command. Usage errors exit 2 and failures exit 1, each with one line
-    ``mrkit: error: ...`` on stderr (``--debug`` shows the traceback instead)."""
+    """The ``mrkit`` command. Usage errors (bad flags, paths, specs and environment variables, all
+    checked before any work) exit 2 and failures exit 1, each with one line ``mrkit: error: ...`` on
+    stderr (``--debug``, before or after the command, shows the traceback instead)."""
+    import warnings
+
+    from ._errors import SimulatorFallbackWarning
+
     parser = _parser()
     args = parser.parse_args(argv)  # usage errors: argparse prints "mrkit: error: ..." and exits 2
+    debug = getattr(args, "debug", False)
     if args.command == "replay" and not args.resource:
         args.resource = ["device", "pool(device)"]
-    try:
-        return {"info": cmd_info, "demo": cmd_demo, "replay": cmd_replay, "bench": cmd_bench,
-                "plot": cmd_plot, "snapshot": cmd_snapshot}[args.command](args)
-    except BrokenPipeError:  # `mrkit info | head`: the reader left; that is not an error
-        import os
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except KeyboardInterrupt:
-        print("mrkit: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # noqa: BLE001 - the command line reports, it does not crash
-        if args.debug:
-            raise
-        msg = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"mrkit: error: {msg} ({type(exc).__name__}; run with --debug for the traceback)", file=sys.stderr)
-        return 1
+    with warnings.catch_warnings():
+        # the command line says which backend it runs on in its own words
+        warnings.simplefilter("ignore", SimulatorFallbackWarning)
+        try:
+            _check_environment(args)
+        except ValueError as exc:
+            if debug:
+                raise
+            print(f"mrkit: error: {' '.join(str(exc).split())}", file=sys.stderr)
+            return 2
+        try:
+            return {"info": cmd_info, "demo": cmd_demo, "replay": cmd_replay, "bench": cmd_bench,
+                    "plot": cmd_plot, "snapshot": cmd_snapshot}[args.command](args)
+        except BrokenPipeError:  # `mrkit info | head`: the reader left; that is not an error
+            import os
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        except KeyboardInterrupt:
+            print("mrkit: interrupted", file=sys.stderr)
+            return 130
+        except Exception as exc:  # noqa: BLE001 - the command line reports, it does not crash
+            if debug:
+                raise
+            msg = " ".join(str(exc).split()) or type(exc).__name__
+            print(f"mrkit: error: {msg} ({type(exc).__name__}; run with --debug for the traceback)",
+                  file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

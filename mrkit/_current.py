@@ -13,7 +13,8 @@ from ._spec import SpecError, build_resource, parse_spec, spec_devices
 from .driver import get_driver
 from .resources import CudaMemoryResource, DeviceMemoryResource
 
-__all__ = ["get_current_resource", "set_current_resource", "using", "set_resource_factory"]
+__all__ = ["get_current_resource", "set_current_resource", "using", "set_resource_factory",
+           "get_current_device_resource", "set_current_device_resource", "env_spec", "check_environment"]
 
 # -- per-device current resource ---------------------------------------------------------------
 _current: dict[int, MemoryResource] = {}
@@ -45,16 +46,34 @@ def _device_of(device) -> int:
     return device
 
 
-def env_spec():
+def env_spec(device_count: int | None = None):
     """The parsed ``MRKIT_RESOURCE`` spec, or None when unset; a bad spec raises ``ValueError``
-    naming the variable, the position and the reason."""
+    naming the variable, the position and the reason. With ``device_count``, a spec naming a device
+    the machine lacks is refused too."""
     spec = os.environ.get("MRKIT_RESOURCE")
     if not spec:
         return None
     try:
-        return parse_spec(spec)
+        node = parse_spec(spec)
     except ValueError as exc:
         raise SpecError(f"MRKIT_RESOURCE={spec!r} is not a valid resource spec: {exc}") from None
+    if device_count is not None:
+        missing = sorted(d for d in spec_devices(node) if d >= device_count)
+        if missing:
+            raise SpecError(f"MRKIT_RESOURCE={spec!r} names device {missing[0]}, but this machine has "
+                            f"{device_count} device{'s' if device_count != 1 else ''}")
+    return node
+
+
+def check_environment() -> None:
+    """Check ``MRKIT_BACKEND`` and ``MRKIT_RESOURCE`` (the devices it names against the driver's count)
+    without building anything; ``ValueError`` naming the variable. The command line calls it before
+    any work."""
+    from .driver import env_backend
+    env_backend()
+    if os.environ.get("MRKIT_RESOURCE"):
+        env_spec()  # the grammar first: it needs no driver
+        env_spec(get_driver().device_count())
 
 
 def _default_resource(device: int) -> MemoryResource:
@@ -65,7 +84,7 @@ def _default_resource(device: int) -> MemoryResource:
             raise TypeError(f"the resource factory returned {type(mr).__name__} for device {device}, "
                             "not a MemoryResource")
         return mr
-    node = env_spec()
+    node = env_spec(drv.device_count())
     # MRKIT_RESOURCE applies to every device unless it names devices explicitly (then to those only);
     # each device gets its own resources and its own log file.
     if node is not None and (not spec_devices(node) or spec_devices(node) == {device}):
@@ -102,6 +121,16 @@ def set_current_resource(mr: MemoryResource, device: int | None = None) -> Memor
     if old is not mr:
         _changed(dev)
     return old
+
+
+def get_current_device_resource(device: int | None = None) -> MemoryResource:
+    """RMM's name for :func:`get_current_resource`."""
+    return get_current_resource(device)
+
+
+def set_current_device_resource(mr: MemoryResource, device: int | None = None) -> MemoryResource | None:
+    """RMM's name for :func:`set_current_resource` (returns the previous resource)."""
+    return set_current_resource(mr, device)
 
 
 def set_resource_factory(factory) -> None:

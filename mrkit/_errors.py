@@ -11,6 +11,7 @@ __all__ = [
     "CUDAUnavailableError",
     "OutOfMemoryError",
     "StreamOrderViolation",
+    "SimulatorFallbackWarning",
 ]
 
 
@@ -72,3 +73,9 @@ class StreamOrderViolation(MrkitError):
         super().__init__(message)
         self.kind = kind
         self.ops = ops
+
+
+class SimulatorFallbackWarning(UserWarning):
+    """Issued once per process when ``MRKIT_BACKEND`` is unset and no usable GPU is found, so mrkit
+    runs on the simulated CUDA device (as the ``mrkit`` command does). ``MRKIT_BACKEND=sim`` chooses
+    the simulator without the warning; ``MRKIT_BACKEND=cuda`` refuses to fall back."""

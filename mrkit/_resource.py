@@ -6,7 +6,7 @@ import operator
 from ._stream import DEFAULT_STREAM, Stream, as_stream, order_after
 from .driver import get_driver
 
-__all__ = ["MemoryResource", "Buffer", "check_request", "upstream_chain"]
+__all__ = ["MemoryResource", "Buffer", "check_request", "check_device", "upstream_chain"]
 
 
 # The fast paths test ``alignment is not DEFAULT_ALIGNMENT``: an identity test, as cheap as ``!= 256``,
@@ -34,6 +34,18 @@ def check_request(nbytes, alignment, max_alignment: int) -> int:
     if alignment > max_alignment:
         raise ValueError(f"alignment {alignment} is larger than this resource supports ({max_alignment})")
     return nbytes
+
+
+def check_device(device, name: str = "device") -> int:
+    """A device ordinal as an int: ``TypeError`` for anything but an integer (``"0"``, ``0.0``,
+    ``True``), ``ValueError`` below 0; both name the argument. Whether the device exists is the
+    driver's to say."""
+    if isinstance(device, bool) or not hasattr(type(device), "__index__"):
+        raise TypeError(f"{name} must be an int (a device ordinal), not {type(device).__name__} {device!r}")
+    device = operator.index(device)
+    if device < 0:
+        raise ValueError(f"{name} must be a device ordinal >= 0, got {device}")
+    return device
 
 
 def upstream_chain(mr) -> list:

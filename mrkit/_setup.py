@@ -108,9 +108,47 @@ def _base(kind, device: int, drv, initial, maximum, threshold):
     return CudaMemoryResource(device, driver=drv)
 
 
+_RMM_KEYWORDS = ("pool_allocator", "managed_memory", "logging", "log_file_name")
+
+
+def _rmm_keywords(resource, log_file, rmm: dict):
+    """``rmm.reinitialize``'s keywords as mrkit's ``resource`` and ``log_file``."""
+    for key in rmm:
+        if key not in _RMM_KEYWORDS:
+            raise TypeError(f"reinitialize() got an unexpected keyword argument {key!r}")
+    pool, managed = rmm.get("pool_allocator", False), rmm.get("managed_memory", False)
+    logging, name = rmm.get("logging", False), rmm.get("log_file_name")
+    for key in ("pool_allocator", "managed_memory", "logging"):
+        if not isinstance(rmm.get(key, False), bool):
+            raise TypeError(f"{key} must be True or False, not {rmm[key]!r}")
+    if pool or managed:
+        if resource is not None:
+            raise TypeError("give resource= or RMM's pool_allocator=/managed_memory=, not both")
+        resource = "pool(managed)" if pool and managed else ("pool" if pool else "managed")
+    if logging or name is not None:
+        if not logging:
+            raise ValueError("log_file_name is RMM's keyword for logging=True; give log_file= (mrkit's) instead")
+        if name is None:
+            raise ValueError("logging=True needs log_file_name= (or give mrkit's log_file=)")
+        if log_file is not None:
+            raise TypeError("give log_file= or RMM's logging=True, log_file_name=, not both")
+        log_file = name
+    return resource, log_file
+
+
+def _check_packages(cupy: bool, numba: bool) -> None:
+    """The packages ``cupy=True`` / ``numba=True`` need, before anything changes."""
+    import importlib.util
+    for flag, module, install in (("cupy", "cupy", "cupy-cuda13x' (or 'mrkit[cupy]"),
+                                  ("numba", "numba", "numba-cuda' (or 'mrkit[numba]")):
+        if locals()[flag] and importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"reinitialize: {flag}=True needs {module}, which is not installed: "
+                                      f"pip install '{install}'; nothing was changed", name=module)
+
+
 def reinitialize(resource=None, *, devices=None, initial_pool_size=None, maximum_pool_size=None,
                  release_threshold=None, log_file=None, statistics: bool = False, tracking: bool = False,
-                 cupy: bool = False, numba: bool = False) -> dict[int, MemoryResource]:
+                 cupy: bool = False, numba: bool = False, **rmm) -> dict[int, MemoryResource]:
     """Set up the current resource of each device and return ``{device: resource}`` for those built now.
 
     resource: a kind (``"pool"``: :class:`PoolResource` over the driver's pool; ``"device"``: the
@@ -126,13 +164,18 @@ def reinitialize(resource=None, *, devices=None, initial_pool_size=None, maximum
     log_file: one RMM-format CSV log per device (``mem.csv``, ``mem.device1.csv``; or put ``{device}``
         in the name). statistics / tracking: wrap each device's resource in those adaptors.
     cupy / numba: also make mrkit CuPy's allocator (one for every device) / Numba's memory manager.
+    RMM's keywords work too: ``pool_allocator=True`` (``"pool"``), ``managed_memory=True``
+    (``"managed"``, or ``"pool(managed)"`` with both), ``logging=True, log_file_name=...``.
 
-    Arguments are all checked before anything changes: a bad one raises ``ValueError``/``TypeError``
+    Arguments are all checked before anything changes, the packages ``cupy``/``numba`` need included:
+    a bad one raises ``ValueError``/``TypeError`` (``ModuleNotFoundError`` for a missing package)
     naming it and leaves every device's resource as it was."""
+    resource, log_file = _rmm_keywords(resource, log_file, rmm)
     devices, make = check_arguments(resource, devices=devices, initial_pool_size=initial_pool_size,
                                     maximum_pool_size=maximum_pool_size, release_threshold=release_threshold,
                                     log_file=log_file, statistics=statistics, tracking=tracking, cupy=cupy,
                                     numba=numba)
+    _check_packages(cupy, numba)
     drv = get_driver()
     count = drv.device_count()
     for d in devices or ():

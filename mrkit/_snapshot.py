@@ -35,19 +35,21 @@ def _frames(stack_text: str | None) -> list[dict]:
 
 def snapshot(mr: MemoryResource | None = None) -> dict:
     """The heap of ``mr`` (default: the current resource) as a memory_viz snapshot dict:
-    ``{"segments": [...], "device_traces": [[...]]}``. ``ValueError`` if no caching resource (with an
-    arena) is in the stack."""
+    ``{"segments": [...], "device_traces": [[...]]}``. Without a caching resource in the stack (the
+    driver's pool, cuMemAlloc, managed memory), each live allocation is a segment of its own, as
+    PyTorch draws memory it got straight from the driver. ``ValueError`` when ``mr`` keeps no record
+    of what it handed out (host or pinned memory under no pool)."""
     mr = mr or get_current_resource()
     layers = upstream_chain(mr)
     cache = next((r for r in layers if getattr(r, "arena", None) is not None), None)
-    if cache is None:
-        raise ValueError(f"{mr!r} has no pool, VMM or binning resource to take a snapshot of")
     tracking = next((r for r in layers if isinstance(r, TrackingAdaptor)), None)
+    if cache is None:
+        return _direct_snapshot(mr, layers, tracking)
     arena = cache.arena
     dev = cache.device_id or 0
     with arena.lock:
         live = dict(arena.live)
-        aligned = {block: (size, n, ptr) for ptr, (block, size, n) in arena.aligned.items()}
+        aligned = {block: (size, n, ptr) for ptr, (block, size, n, _) in arena.aligned.items()}
         free = []
         for st in list(arena.states.values()):
             handle = getattr(st.stream, "handle", 0)
@@ -94,6 +96,33 @@ def snapshot(mr: MemoryResource | None = None) -> dict:
             "stream": 0, "segment_type": "large" if size > (1 << 20) else "small", "segment_pool_id": (0, 0),
             "is_expandable": False, "frames": [], "blocks": blocks,
         })
+    device_traces = [[] for _ in range(dev + 1)]
+    device_traces[dev] = traces
+    return {"segments": segments, "device_traces": device_traces, "allocator_settings": {}}
+
+
+def _direct_snapshot(mr, layers, tracking) -> dict:
+    """A snapshot of a resource that hands out driver allocations directly: a segment per allocation."""
+    bottom = layers[-1]
+    if tracking is not None:
+        live = {p: (n, stack) for p, (n, stack) in tracking.records().items()}
+    elif hasattr(bottom, "outstanding"):
+        live = {p: (n, None) for p, n in bottom.outstanding().items()}
+    else:
+        raise ValueError(f"{mr!r} keeps no record of its allocations to take a snapshot of "
+                         "(wrap it in TrackingAdaptor, or take one of a pool)")
+    dev = bottom.device_id or 0
+    segments, traces = [], []
+    for p, (n, stack) in sorted(live.items()):
+        size = -(-n // GRAIN) * GRAIN
+        frames = _frames(stack)
+        segments.append({
+            "device": dev, "address": p, "total_size": size, "allocated_size": size, "active_size": size,
+            "requested_size": n, "stream": 0, "segment_type": "large" if size > (1 << 20) else "small",
+            "segment_pool_id": (0, 0), "is_expandable": False, "frames": frames,
+            "blocks": [{"address": p, "size": size, "requested_size": n, "state": "active_allocated",
+                        "frames": frames}]})
+        traces.append({"action": "alloc", "addr": p, "size": size, "stream": 0, "frames": frames, "time_us": 0})
     device_traces = [[] for _ in range(dev + 1)]
     device_traces[dev] = traces
     return {"segments": segments, "device_traces": device_traces, "allocator_settings": {}}

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 
 from ._sizes import parse_size
 from .adaptors import LimitingAdaptor, LoggingAdaptor, StatisticsAdaptor, TrackingAdaptor
+from .adaptors import replay as _replay
 from .resources import (
     BinningResource, CudaMemoryResource, DeviceMemoryResource, HostMemoryResource, ManagedMemoryResource, PinnedMemoryResource,
     PoolResource, VirtualMemoryResource,
 )
 
-__all__ = ["parse_spec", "build_resource", "resource_from_spec", "spec_devices", "SpecError"]
+__all__ = ["parse_spec", "build_resource", "resource_from_spec", "spec_devices", "SpecError", "replay"]
 
 _TOKEN = re.compile(r"\s*(?:(?P<num>\d+(?:\.\d+)?\s*[A-Za-z]*)|(?P<name>[A-Za-z_][A-Za-z_0-9]*)|"
                     r"(?P<str>'[^']*'|\"[^\"]*\")|(?P<sym>[(),=]))")
@@ -250,3 +251,14 @@ def resource_from_spec(spec: str, driver=None, device: int | None = None):
     """``resource_from_spec("statistics(limiting(pool(device), 8GiB))")`` -> the composed resource.
     With ``device``, leaves that name no device are built on it."""
     return build_resource(parse_spec(spec), driver, device)
+
+
+def replay(log, resource, **options):
+    """:func:`mrkit.adaptors.replay`, where ``resource`` may also be a spec string
+    (``replay(log, "statistics(pool(device))")``, built on ``driver=`` or the process's driver)."""
+    if isinstance(resource, str):
+        resource = resource_from_spec(resource, options.get("driver"))
+    return _replay(log, resource, **options)
+
+
+replay.__doc__ = (_replay.__doc__ or "") + "\n    ``resource`` may be a spec string: it is built first."

@@ -5,16 +5,45 @@ from __future__ import annotations
 __all__ = ["progress", "table", "grid"]
 
 
+class _PlainProgress:
+    """Progress as plain lines on stderr (``label: 40/100 (40%)``) at every tenth, for terminals and
+    logs without rich."""
+
+    def __init__(self, total: int, label: str) -> None:
+        import sys
+        self.total, self.label, self.done, self.shown = max(0, total), label, 0, -1
+        self.err = sys.stderr
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.done != self.shown:
+            self._show()
+        return False
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        if self.total and self.done * 10 // self.total > max(self.shown, 0) * 10 // self.total:
+            self._show()
+
+    def _show(self) -> None:
+        self.shown = self.done
+        pct = f" ({self.done * 100 // self.total}%)" if self.total else ""
+        print(f"{self.label}: {self.done}/{self.total}{pct}", file=self.err, flush=True)
+
+
 def progress(total: int, label: str, quiet: bool):
-    """A rich progress bar where rich is installed and the output is a terminal or forced; a no-op
-    otherwise. Returns (context manager, advance(n) function)."""
+    """A rich progress bar where rich is installed, plain lines on stderr otherwise; nothing when
+    ``quiet``. Returns (context manager, advance(n) function)."""
     import contextlib
     if quiet:
         return contextlib.nullcontext(), lambda n=1: None
     try:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     except ImportError:
-        return contextlib.nullcontext(), lambda n=1: None
+        plain = _PlainProgress(total, label)
+        return plain, plain.advance
     prog = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), transient=False)
     task = prog.add_task(label, total=total)

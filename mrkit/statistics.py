@@ -15,7 +15,11 @@
     print(ms.report())                      # one row per name: calls, allocations, bytes, peak
 
 A scope counts every allocation made through the resource while it is open, from any thread (the
-counters live in the resource's adaptor, as in RMM). Records are kept per process, under a lock.
+counters live in the resource's adaptor, as in RMM). A scope or profiler that found no
+:class:`~mrkit.StatisticsAdaptor` installs one for its duration and puts the previous resource back
+when it closes, as RMM does; :func:`enable_statistics` installs one for good. Records are kept per
+process, under a lock. RMM's ``push_statistics``/``pop_statistics``/``default_profiler_records`` are
+here under the same names.
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ from .adaptors import StatisticsAdaptor
 from .adaptors._statistics import Statistics
 
 __all__ = ["enable_statistics", "get_statistics", "statistics", "profiler", "report", "profiler_records",
-           "reset_profiler", "ProfilerRecord", "Scope"]
+           "reset_profiler", "ProfilerRecord", "Scope", "push_statistics", "pop_statistics",
+           "default_profiler_records"]
 
 
 def enable_statistics(device: int | None = None) -> StatisticsAdaptor:
@@ -76,16 +81,41 @@ class Scope:
 
 @contextmanager
 def statistics(device: int | None = None):
-    """``with statistics() as s:`` — the counters of this scope (statistics are enabled on first use).
-    Allocations live when the scope opens do not count; nested scopes each see their own peak, and
-    an outer scope's peak includes its inner scopes'."""
-    mr = enable_statistics(device)
+    """``with statistics() as s:`` — the counters of this scope. If the current resource does not
+    count, it is wrapped in a :class:`~mrkit.StatisticsAdaptor` for the scope and put back when the
+    scope closes (unless something else was made current meanwhile). Allocations live when the scope
+    opens do not count; nested scopes each see their own peak, and an outer scope's peak includes
+    its inner scopes'."""
+    base = get_current_resource(device)
+    dev = device if device is not None else base.device_id
+    installed = None
+    if isinstance(base, StatisticsAdaptor):
+        mr = base
+    else:
+        mr = installed = StatisticsAdaptor(base)
+        set_current_resource(installed, dev)
     mr.push_counters()
     scope = Scope(mr)
     try:
         yield scope
     finally:
         scope._final = mr.pop_counters()
+        if installed is not None and get_current_resource(dev) is installed:
+            set_current_resource(base, dev)
+
+
+def push_statistics(device: int | None = None) -> Statistics | None:
+    """RMM's ``push_statistics``: start a new counter frame on the current resource's adaptor; returns
+    the counters below as they were (``None`` when the current resource does not count)."""
+    mr = get_current_resource(device)
+    return mr.push_counters() if isinstance(mr, StatisticsAdaptor) else None
+
+
+def pop_statistics(device: int | None = None) -> Statistics | None:
+    """RMM's ``pop_statistics``: end the top counter frame and return it (``None`` when the current
+    resource does not count)."""
+    mr = get_current_resource(device)
+    return mr.pop_counters() if isinstance(mr, StatisticsAdaptor) else None
 
 
 @dataclass
@@ -191,3 +221,21 @@ def report(sort_by: str = "total_bytes") -> str:
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+class _ProfilerRecords:
+    """RMM's ``default_profiler_records``: ``.records`` (name -> :class:`ProfilerRecord`) and
+    ``.report()``, over this module's records."""
+
+    @property
+    def records(self) -> dict[str, ProfilerRecord]:
+        return profiler_records()
+
+    def report(self, ordered_by: str = "total_bytes") -> str:
+        return report(ordered_by)
+
+    def __repr__(self) -> str:
+        return report()
+
+
+default_profiler_records = _ProfilerRecords()

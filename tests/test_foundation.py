@@ -17,6 +17,7 @@ from mrkit.driver import CudaDriver, SimDriver
 
 EXPECTED_ALL = {
     "MrkitError", "CUDAError", "CUDAUnavailableError", "OutOfMemoryError", "StreamOrderViolation",
+    "SimulatorFallbackWarning", "get_current_device_resource", "set_current_device_resource",
     "MemoryResource", "Buffer", "get_current_resource", "set_current_resource", "using", "set_resource_factory", "reinitialize",
     "parse_size", "format_size", "Stream", "Event", "DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM",
     "as_stream", "get_driver", "set_backend", "use_backend", "CudaMemoryResource",
@@ -79,7 +80,7 @@ def test_backend_from_environment(monkeypatch):
     assert isinstance(get_driver(), SimDriver)
     monkeypatch.setenv("MRKIT_BACKEND", "tpu")
     reset_backend()
-    with pytest.raises(ValueError, match="unsupported backend"):
+    with pytest.raises(ValueError, match="MRKIT_BACKEND='tpu' is not a backend"):
         get_driver()
 
 

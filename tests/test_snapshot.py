@@ -53,8 +53,14 @@ def test_snapshot_from_a_log_and_errors(sim, tmp_path):
     log.flush()
     snap = mrkit.snapshot_from_log(log._file.getvalue())
     assert [e["action"] for e in snap["device_traces"][0]] == ["alloc", "free_requested", "free_completed"]
-    with pytest.raises(ValueError, match="no pool, VMM or binning"):
-        mrkit.snapshot(CudaMemoryResource(driver=sim))
+    with pytest.raises(ValueError, match="keeps no record of its allocations"):
+        mrkit.snapshot(mrkit.HostMemoryResource())
+    direct = CudaMemoryResource(driver=sim)  # no pool: each live allocation is its own segment
+    q = direct.allocate(3000, DEFAULT_STREAM)
+    segs = mrkit.snapshot(direct)["segments"]
+    assert [(s["address"], s["total_size"], s["blocks"][0]["requested_size"]) for s in segs] == [(q, 3072, 3000)]
+    direct.deallocate(q, 3000, DEFAULT_STREAM)
+    assert mrkit.snapshot(direct)["segments"] == []
 
 
 def test_memory_viz_renders_the_snapshot(sim, tmp_path):

@@ -216,7 +216,7 @@ class Arena:
         self.ordered = ordered
         self.lock = threading.Lock()
         self.live: dict[int, int] = {}  # ptr -> nbytes as requested
-        self.aligned: dict[int, tuple[int, int, int]] = {}  # ptr -> (block, size, nbytes), alignment > 256
+        self.aligned: dict[int, tuple[int, int, int, int]] = {}  # ptr -> (block, size, nbytes, alignment > 256)
         self.states: dict[int, StreamState] = {} if ordered else _OneState()
         self.chunks: dict[int, int] = {}  # chunk base -> size
         self.boundaries: set[int] = set()  # chunk bases: blocks never coalesce across them
@@ -233,7 +233,7 @@ class Arena:
 
     # -- reading --------------------------------------------------------------------------------
     def live_total(self) -> int:
-        return sum(list(self.live.values())) + sum(n for _, _, n in list(self.aligned.values()))
+        return sum(list(self.live.values())) + sum(e[2] for e in list(self.aligned.values()))
 
     def free_total(self) -> int:
         return sum(st.bytes() for st in list(self.states.values()))
@@ -469,7 +469,7 @@ class Arena:
         with self.lock:
             block = self.take(size, stream)
             ptr = block + (-block % alignment)
-            self.aligned[ptr] = (block, size, nbytes)
+            self.aligned[ptr] = (block, size, nbytes, alignment)
             return ptr
 
     def deallocate_slow(self, ptr, nbytes, stream: Stream, alignment) -> None:
@@ -484,12 +484,18 @@ class Arena:
                 raise ValueError(f"ptr {ptr:#x} was not allocated by {self.owner!r} or was already freed")
             if size != nbytes:
                 raise ValueError(f"nbytes {nbytes} does not match the allocation of {size} bytes at {ptr:#x}")
-            del self.live[ptr]  # an alignment > 256 for a block allocated without one: a normal free
+            if alignment > GRAIN:
+                raise ValueError(f"alignment {alignment} does not match the allocation at {ptr:#x} "
+                                 f"(made with an alignment of at most {GRAIN})")
+            del self.live[ptr]
             block, size = ptr, (nbytes + 255) & -256
         else:
-            block, size, n = entry
+            block, size, n, align = entry
             if n != nbytes:
                 raise ValueError(f"nbytes {nbytes} does not match the allocation of {n} bytes at {ptr:#x}")
+            if alignment != align:
+                raise ValueError(f"alignment {alignment} does not match the allocation at {ptr:#x} "
+                                 f"(made with alignment {align})")
             del self.aligned[ptr]
         self.free_block(block, size, stream)
 

@@ -72,7 +72,7 @@ def _plain_deallocate(ptr, nbytes, stream, alignment=256):
     if type(nbytes) is not int or alignment is not DEFAULT_ALIGNMENT:
         nbytes, alignment = _checked_free_args(nbytes, alignment)
     n = live_pop(ptr, None)
-    if n != nbytes:  # zero, aligned blocks, and every error: the locked path decides
+    if n != nbytes or alignment is not DEFAULT_ALIGNMENT:  # zero, aligned blocks, every error: locked
         if n is not None:
             live[ptr] = n
         with lock:
@@ -110,7 +110,8 @@ def _counting_allocate(nbytes, stream, alignment=256):
     if type(nbytes) is not int or nbytes <= 0 or alignment is not DEFAULT_ALIGNMENT:
         ptr = allocate_slow(nbytes, stream, alignment)
         if ptr:
-            record(nbytes.__index__())
+            counted[ptr] = n = nbytes.__index__()
+            record(n)
         return ptr
     size = (nbytes + 255) & -256
     st = states_get(stream.uid)
@@ -126,11 +127,13 @@ def _counting_allocate(nbytes, stream, alignment=256):
                 pass
             else:
                 live[ptr] = nbytes
+                counted[ptr] = nbytes
                 record(nbytes)
                 return ptr
     with lock:
         ptr = take(size, stream)
         live[ptr] = nbytes
+    counted[ptr] = nbytes
     record(nbytes)
     return ptr
 
@@ -141,19 +144,26 @@ def _counting_deallocate(ptr, nbytes, stream, alignment=256):
     if type(nbytes) is not int or alignment is not DEFAULT_ALIGNMENT:
         nbytes, alignment = _checked_free_args(nbytes, alignment)
     n = live_pop(ptr, None)
-    if n != nbytes:
+    if n != nbytes or alignment is not DEFAULT_ALIGNMENT:
         if n is not None:
             live[ptr] = n
-        with lock:
-            deallocate_slow(ptr, nbytes, stream, alignment)
-        if ptr:
+        c = counted_pop(ptr, None)  # forgotten first: once freed, another thread may get ptr again
+        try:
+            with lock:
+                deallocate_slow(ptr, nbytes, stream, alignment)
+        except BaseException:
+            if c is not None:
+                counted[ptr] = c
+            raise
+        if c is not None:
             record(-nbytes)
             if len(events) > limit:
                 on_full()
         return
-    record(-nbytes)
-    if len(events) > limit:
-        on_full()
+    if counted_pop(ptr, None) is not None:  # memory the adaptor never counted goes home uncounted
+        record(-nbytes)
+        if len(events) > limit:
+            on_full()
     size = (nbytes + 255) & -256
     st = states_get(stream.uid)
     if st is not None:
@@ -173,10 +183,12 @@ def _counting_deallocate(ptr, nbytes, stream, alignment=256):
     with lock:
         free_block(ptr, size, stream)
 
-def counting_paths(arena, events: list, on_full, limit: int):
+def counting_paths(arena, events: list, on_full, limit: int, counted: dict):
     """:func:`plain_paths` that append ``+nbytes`` to ``events`` for each allocation and ``-nbytes``
-    for each free, calling ``on_full()`` when a free finds more than ``limit`` events pending."""
-    ns = _namespace(arena, events=events, on_full=on_full, limit=limit, record=events.append)
+    for each free of a block they counted (``counted``: ptr -> nbytes), calling ``on_full()`` when a
+    free finds more than ``limit`` events pending."""
+    ns = _namespace(arena, events=events, on_full=on_full, limit=limit, record=events.append,
+                    counted=counted, counted_pop=counted.pop)
     return _instance(_counting_allocate, ns), _instance(_counting_deallocate, ns)
 
 

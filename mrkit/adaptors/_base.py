@@ -1,7 +1,7 @@
 """``Adaptor``: a resource that wraps an upstream resource and forwards what it does not change."""
 from __future__ import annotations
 
-from .._resource import MemoryResource, UpstreamAccess
+from .._resource import MemoryResource, UpstreamAccess, upstream_chain as _chain
 
 __all__ = ["Adaptor"]
 
@@ -41,8 +41,14 @@ class Adaptor(UpstreamAccess, MemoryResource):
     def __getattr__(self, name):
         # Resource-specific helpers of the stack (release, trim, pool, live_bytes...) stay reachable.
         if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.upstream, name)
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        try:
+            return getattr(self.upstream, name)
+        except AttributeError:
+            pass
+        below = " -> ".join(type(m).__name__ for m in _chain(self)[1:])
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r} "
+                             f"(nor has any resource below it: {below})", name=name, obj=self)
 
     def __eq__(self, other):
         return other is self

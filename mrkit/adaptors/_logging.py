@@ -70,7 +70,11 @@ class LoggingAdaptor(Adaptor):
 
     # Recording is inlined in both methods — one tuple, one atomic list append per event (the stream's
     # handle resolved now, so the buffer holds only numbers and strings); formatting waits for flush().
+    # A closed log serves nothing: close() swaps the buffer for _CLOSED, whose append raises, so a
+    # closed log costs the open one no test on its path.
     def allocate(self, nbytes, stream, alignment=256):
+        if self._buf is _CLOSED:
+            _CLOSED.append(None)  # raises, naming the log
         try:
             ptr = self._up_alloc(nbytes, stream, alignment)
         except OutOfMemoryError:
@@ -121,18 +125,41 @@ class LoggingAdaptor(Adaptor):
 
     def flush(self) -> None:
         with self._lock:
+            if self._buf is _CLOSED:
+                return
             self._write()
             self._file.flush()
 
     def close(self) -> None:
+        """Write what is buffered and close the file (a path's). Afterwards the log refuses to serve:
+        ``allocate``/``deallocate`` raise ``ValueError`` (an event it could not log would be lost)."""
         _open_logs.discard(self)
-        if self._file.closed:
-            return
-        self.flush()
-        if self._owns:
-            self._file.close()
+        with self._lock:
+            if self._buf is _CLOSED:
+                return
+            if not self._file.closed:
+                self._write()
+                self._file.flush()
+                if self._owns:
+                    self._file.close()
+            self._buf = _CLOSED
+
+    @property
+    def closed(self) -> bool:
+        return self._buf is _CLOSED
 
 
+class _Closed(list):
+    """The buffer of a closed log: appending raises."""
+
+    __slots__ = ()
+
+    def append(self, _event) -> None:
+        raise ValueError("this LoggingAdaptor is closed: it serves no more allocations or frees "
+                         "(their events could not be logged)")
+
+
+_CLOSED = _Closed()
 LoggingAdaptor._write.__defaults__ = (_LINE.__mod__, HEADER, open)
 _open_logs: "weakref.WeakSet[LoggingAdaptor]" = weakref.WeakSet()
 
@@ -332,6 +359,9 @@ def replay(log, resource: MemoryResource, *, streams: dict | None = None, driver
     ``progress``: called as ``progress(k)`` after every 1 024 events re-issued (and with the rest at
     the end), e.g. a progress bar's advance.
     """
+    if not isinstance(resource, MemoryResource):
+        raise TypeError(f"resource must be a MemoryResource or a resource spec string (mrkit.replay), "
+                        f"not {type(resource).__name__}")
     events = read_log(log) if not isinstance(log, list) else log
     _check_log(events)
     streams = dict(streams or {})

@@ -24,6 +24,8 @@ class LimitingAdaptor(Adaptor):
     def __init__(self, upstream: MemoryResource, limit: int | str) -> None:
         super().__init__(upstream)
         self.limit = parse_size(limit, "limit")
+        if self.limit <= 0:
+            raise ValueError(f"limit must be positive, got {limit!r}")
         self._lock = threading.Lock()
         self._used = 0
 

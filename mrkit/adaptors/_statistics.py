@@ -82,7 +82,8 @@ class StatisticsAdaptor(Adaptor):
     :meth:`pop_counters` ends it, returns its :class:`Statistics` and folds it into the frame below
     (current and total add; the lower peak becomes ``max(peak, current_before + popped_peak)``).
     ``with mr.measure() as m:`` measures a region (``m.result`` after the block). Allocations of zero
-    bytes are not counted.
+    bytes are not counted, nor is a free of memory that was not allocated through the adaptor (it is
+    passed to the upstream, so the memory goes home, and the counters never go negative).
 
     Threads: each allocation or free is recorded by one atomic append to an event list (``+n`` or
     ``-n``); the counters are brought up to date from that list, in append order, under a lock —
@@ -95,15 +96,17 @@ class StatisticsAdaptor(Adaptor):
     no Python call of its own; only calls made through the adaptor are counted, as always.
     """
 
-    __slots__ = ("_lock", "_stack", "_events", "__dict__")
+    __slots__ = ("_lock", "_stack", "_events", "_counted", "__dict__")
 
     def __init__(self, upstream: MemoryResource) -> None:
         super().__init__(upstream)
         self._lock = threading.Lock()
         self._stack = [[0, 0, 0, 0, 0, 0]]  # cur_b, peak_b, tot_b, cur_n, peak_n, tot_n
         self._events: list[int] = []  # signed byte events (a list appends fastest)
+        self._counted: dict[int, int] = {}  # ptr -> nbytes of live blocks it counted
         if type(self) is StatisticsAdaptor:  # subclasses keep their own methods
-            fused = hot_paths(upstream, "counting", events=self._events, on_full=self._fold, limit=_FOLD_AT)
+            fused = hot_paths(upstream, "counting", events=self._events, on_full=self._fold, limit=_FOLD_AT,
+                              counted=self._counted)
             if fused is not None:
                 self.allocate, self.deallocate = fused  # instance attributes win over the methods
 
@@ -112,14 +115,22 @@ class StatisticsAdaptor(Adaptor):
             nbytes = check_request(nbytes, alignment, 1 << 62)
         ptr = self._up_alloc(nbytes, stream, alignment)
         if ptr:
+            self._counted[ptr] = nbytes
             self._events.append(nbytes)  # the pending-events check is on frees (bounded by live blocks)
         return ptr
 
     def deallocate(self, ptr, nbytes, stream, alignment=256):
         if type(nbytes) is not int:
             nbytes = check_request(nbytes, alignment, 1 << 62)
-        self._up_free(ptr, nbytes, stream, alignment)
-        if ptr:
+        # forgotten before the upstream frees (another thread may be handed ptr at once after)
+        c = self._counted.pop(ptr, None)
+        try:
+            self._up_free(ptr, nbytes, stream, alignment)
+        except BaseException:
+            if c is not None:
+                self._counted[ptr] = c
+            raise
+        if c is not None:  # memory it never counted (allocated around it) goes home uncounted
             events = self._events
             events.append(-nbytes)
             if len(events) > _FOLD_AT:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._errors import CUDAError, OutOfMemoryError
-from .._resource import MemoryResource, check_request
+from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_request
 from .._sizes import format_size
 from .._stream import Stream, as_stream, check_stream
 from ..driver import Driver, get_driver
@@ -31,6 +31,8 @@ class _DriverResource(MemoryResource):
     __slots__ = ("driver", "device_id", "_live")
 
     def __init__(self, device: int | None, driver: Driver | None) -> None:
+        if device is not None:
+            device = check_device(device)
         self.driver = driver or get_driver()
         self.device_id = device
         self._live = LiveTable(self)
@@ -63,6 +65,8 @@ class _DriverResource(MemoryResource):
     def deallocate(self, ptr, nbytes, stream, alignment=256):
         if type(stream) is not Stream:
             stream = as_stream(stream, self.driver)
+        if alignment is not DEFAULT_ALIGNMENT:
+            check_request(0, alignment, self.max_alignment)  # every valid alignment is served alike
         if ptr == 0 and nbytes == 0 and type(nbytes) is int:
             return
         nbytes = self._live.pop(ptr, nbytes)
@@ -76,6 +80,10 @@ class _DriverResource(MemoryResource):
     def live_bytes(self) -> int:
         """Bytes handed out and not yet returned."""
         return sum(self._live.live.values())
+
+    def outstanding(self) -> dict[int, int]:
+        """``{ptr: nbytes}`` of the allocations handed out and not yet returned."""
+        return dict(self._live.live)
 
     def __eq__(self, other):
         return (type(other) is type(self) and other.driver is self.driver

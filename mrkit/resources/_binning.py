@@ -12,6 +12,14 @@ from ._pool import UpstreamCachingResource, UpstreamChunks
 __all__ = ["BinningResource"]
 
 
+def _exponent(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not 0 <= value < 63:
+        raise ValueError(f"{name} must be in [0, 62], got {value}")
+    return value
+
+
 class BinningResource(UpstreamCachingResource):
     """Rounds every request of up to ``max_bin`` bytes to a power-of-two size class (at least 256 B)
     and serves it from an :class:`~mrkit._engine.Arena` over ``upstream`` (chunks of ``chunk_size``),
@@ -19,15 +27,29 @@ class BinningResource(UpstreamCachingResource):
     and thread safety as :class:`~mrkit.PoolResource`. Larger requests, and alignments above 256,
     go straight to ``upstream`` (like RMM's ``binning_memory_resource`` over its fallback).
 
+    RMM's ``min_size_exponent=``/``max_size_exponent=`` name the smallest and largest bins as powers
+    of two (``max_size_exponent`` instead of ``max_bin``).
+
     A free must name the size allocated (``ValueError`` otherwise, nothing changed)."""
 
-    __slots__ = ("max_bin", "_bin_alloc", "_bin_free", "_sizes",
+    __slots__ = ("max_bin", "min_bin", "_bin_alloc", "_bin_free", "_sizes",
                  "_large", "_lock")
 
-    def __init__(self, upstream: MemoryResource, max_bin: int | str = "1 MiB", *,
-                 chunk_size: int | str = "4 MiB", driver: Driver | None = None) -> None:
+    def __init__(self, upstream: MemoryResource, max_bin: int | str | None = None, *,
+                 chunk_size: int | str = "4 MiB", driver: Driver | None = None,
+                 min_size_exponent: int | None = None, max_size_exponent: int | None = None) -> None:
         self._set_upstream(upstream, driver)
-        mb = parse_size(max_bin, "max_bin")
+        if max_size_exponent is not None:  # RMM's binning_memory_resource: bins 2**min .. 2**max
+            if max_bin is not None:
+                raise TypeError("give max_bin or max_size_exponent (RMM's name), not both")
+            max_bin = 1 << _exponent(max_size_exponent, "max_size_exponent")
+        min_bin = GRAIN
+        if min_size_exponent is not None:
+            min_bin = max(GRAIN, 1 << _exponent(min_size_exponent, "min_size_exponent"))
+        mb = parse_size("1 MiB" if max_bin is None else max_bin, "max_bin")
+        if min_bin > mb:
+            raise ValueError(f"min_size_exponent gives bins of {min_bin} bytes, above max_bin {mb}")
+        self.min_bin = min_bin
         if mb < GRAIN or mb & (mb - 1):
             raise ValueError(f"max_bin must be a power of two >= {GRAIN}, got {mb}")
         chunk = parse_size(chunk_size, "chunk_size")
@@ -53,7 +75,7 @@ class BinningResource(UpstreamCachingResource):
         """The size class of a request of ``nbytes`` (``nbytes`` itself above ``max_bin``)."""
         if nbytes > self.max_bin:
             return nbytes
-        return max(GRAIN, 1 << (nbytes - 1).bit_length())
+        return max(self.min_bin, 1 << (nbytes - 1).bit_length())
 
     def _allocate(self, nbytes, stream, alignment=256):
         if type(nbytes) is not int or nbytes <= 0 or alignment is not DEFAULT_ALIGNMENT:
@@ -64,7 +86,7 @@ class BinningResource(UpstreamCachingResource):
             ptr = self.upstream.allocate(nbytes, stream, alignment)
             self._large[ptr] = nbytes
             return ptr
-        ptr = self._bin_alloc(max(GRAIN, 1 << (nbytes - 1).bit_length()), stream)
+        ptr = self._bin_alloc(max(self.min_bin, 1 << (nbytes - 1).bit_length()), stream)
         self._sizes[ptr] = nbytes
         return ptr
 
@@ -75,11 +97,14 @@ class BinningResource(UpstreamCachingResource):
         if n is not None:
             if n != nbytes:
                 raise ValueError(f"nbytes {nbytes} does not match the allocation of {n} bytes at {ptr:#x}")
+            if alignment > GRAIN:
+                raise ValueError(f"alignment {alignment} does not match the allocation at {ptr:#x} "
+                                 f"(made with an alignment of at most {GRAIN})")
             # forget the block before it goes back: once freed, another thread may be handed the
             # same address and record it here, which a later ``del`` would wipe out
             del self._sizes[ptr]
             try:
-                self._bin_free(ptr, max(GRAIN, 1 << (nbytes - 1).bit_length()), stream)
+                self._bin_free(ptr, max(self.min_bin, 1 << (nbytes - 1).bit_length()), stream)
             except BaseException:
                 self._sizes[ptr] = n  # refused (a bad stream): the block is still the caller's
                 raise

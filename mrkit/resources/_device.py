@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._errors import CUDAError, OutOfMemoryError
-from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_request
+from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_request
 from .._sizes import format_size, parse_size
 from .._stream import Stream, as_stream, device_scope
 from ..driver import POOL_ATTRIBUTES, Driver, get_driver
@@ -216,6 +216,7 @@ class DeviceMemoryResource(MemoryResource):
             raise ValueError("give options (to create a pool) or pool, not both")
         if options is not None and not isinstance(options, DeviceMemoryResourceOptions):
             raise TypeError(f"options must be DeviceMemoryResourceOptions, not {type(options).__name__}")
+        device = check_device(device)
         drv = pool.driver if pool is not None else (driver or get_driver())
         if not drv.device_capability(device, "memory_pools_supported"):
             raise ValueError(f"device {device} does not support memory pools; use CudaMemoryResource")
@@ -255,6 +256,8 @@ class DeviceMemoryResource(MemoryResource):
     def deallocate(self, ptr, nbytes, stream, alignment=256):
         if type(stream) is not Stream:
             stream = as_stream(stream, self.driver)
+        if alignment is not DEFAULT_ALIGNMENT:
+            check_request(0, alignment, 256)  # every valid alignment is served alike
         live = self._live.live
         if type(nbytes) is not int or live.get(ptr) != nbytes or ptr == 0:
             if ptr == 0 and nbytes == 0 and type(nbytes) is int:
@@ -275,6 +278,10 @@ class DeviceMemoryResource(MemoryResource):
     @property
     def live_bytes(self) -> int:
         return sum(self._live.live.values())
+
+    def outstanding(self) -> dict[int, int]:
+        """``{ptr: nbytes}`` of the allocations handed out and not yet returned."""
+        return dict(self._live.live)
 
     def trim(self) -> None:
         """Synchronise the device and give every unused byte of the pool back (owned pools only)."""

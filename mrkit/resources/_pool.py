@@ -56,6 +56,23 @@ class UpstreamCachingResource(UpstreamAccess, CachingResource):
 
     __slots__ = ("upstream", "driver", "device_id")
 
+    # CuPy's MemoryPool names, for code written against ``cupy.get_default_memory_pool()``
+    def used_bytes(self) -> int:
+        """Bytes handed out, as the resource holds them (rounded to its blocks): CuPy's ``used_bytes()``."""
+        arena = self.arena
+        with arena.lock:
+            return (sum((n + GRAIN - 1) & -GRAIN for n in arena.live.values())
+                    + sum(e[1] for e in arena.aligned.values()))
+
+    def total_bytes(self) -> int:
+        """Bytes held from the upstream (``pool_size``): CuPy's ``total_bytes()``."""
+        return self.arena.held
+
+    def free_all_blocks(self, stream=None) -> None:
+        """Give every wholly free chunk back upstream (:meth:`release`): CuPy's ``free_all_blocks()``
+        (``stream`` is accepted and ignored: every stream's free memory is pooled first)."""
+        self.release()
+
     def _set_upstream(self, upstream: MemoryResource, driver: Driver | None) -> None:
         if not isinstance(upstream, MemoryResource):
             raise TypeError(f"upstream must be a MemoryResource, not {type(upstream).__name__}")
@@ -74,7 +91,8 @@ class PoolResource(UpstreamCachingResource):
     coalesced free list (best fit); the other streams' free memory (below); a new upstream chunk. Each
     chunk is at least ``min_chunk`` bytes and at least ``growth_factor`` times what the pool already
     holds (1.0 doubles the pool like RMM's; the default 0.0 grows by what is needed), within
-    ``maximum_size``.
+    ``maximum_size``. RMM's ``initial_pool_size=``/``maximum_pool_size=`` are accepted as keywords,
+    and CuPy's ``used_bytes()``/``total_bytes()``/``free_all_blocks()`` as methods.
 
     **Streams.** Free memory belongs to the stream it was freed on, keyed by the stream's unique id
     (``cuStreamGetId``), never by its handle, so a new stream that reuses a destroyed stream's handle
@@ -100,9 +118,20 @@ class PoolResource(UpstreamCachingResource):
 
     __slots__ = ("_source",)
 
-    def __init__(self, upstream: MemoryResource, initial_size: int | str = 0,
+    def __init__(self, upstream: MemoryResource, initial_size: int | str | None = None,
                  maximum_size: int | str | None = None, *, growth_factor: float = 0.0,
-                 min_chunk: int | str = 2 << 20, driver: Driver | None = None) -> None:
+                 min_chunk: int | str = 2 << 20, driver: Driver | None = None,
+                 initial_pool_size: int | str | None = None, maximum_pool_size: int | str | None = None) -> None:
+        if initial_pool_size is not None:  # RMM's names
+            if initial_size is not None:
+                raise TypeError("give initial_size or initial_pool_size (RMM's name), not both")
+            initial_size = initial_pool_size
+        if maximum_pool_size is not None:
+            if maximum_size is not None:
+                raise TypeError("give maximum_size or maximum_pool_size (RMM's name), not both")
+            maximum_size = maximum_pool_size
+        if initial_size is None:
+            initial_size = 0
         self._set_upstream(upstream, driver)
         initial = -(-parse_size(initial_size, "initial_size") // GRAIN) * GRAIN
         maximum = None if maximum_size is None else parse_size(maximum_size, "maximum_size")

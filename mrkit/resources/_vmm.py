@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from .._errors import OutOfMemoryError
 from .._sizes import format_size, parse_size
+from .._resource import check_device
 from .._engine import Arena, CachingResource, ChunkSource, FreeList
 from .._stream import DEFAULT_STREAM, Stream, device_scope
 from ..driver import VMM_HANDLE_TYPES, Driver, get_driver
@@ -677,6 +678,7 @@ class VirtualMemoryResource(CachingResource):
         opts = options or VirtualMemoryResourceOptions()
         if not isinstance(opts, VirtualMemoryResourceOptions):
             raise TypeError(f"options must be VirtualMemoryResourceOptions, not {type(opts).__name__}")
+        device = check_device(device)
         drv = driver or get_driver()
         if not drv.device_capability(device, "virtual_memory_management_supported"):
             raise ValueError(f"device {device} does not support virtual memory management")
