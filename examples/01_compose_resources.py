@@ -3,20 +3,8 @@
 Runs on a GPU if there is one, else on mrkit's simulated device:  python examples/01_compose_resources.py
 """
 import mrkit
-from mrkit.driver import CudaDriver, SimDriver
 
-
-def pick_driver():
-    try:
-        if CudaDriver().device_count() > 0:
-            return CudaDriver()
-    except mrkit.CUDAUnavailableError:
-        pass
-    return SimDriver()
-
-
-drv = pick_driver()
-mrkit.set_backend(drv)
+drv = mrkit.get_driver()  # the GPU if there is one, else the simulated device (with one warning)
 
 # where memory comes from -> a fast sub-allocating pool -> a cap -> counters
 mr = mrkit.StatisticsAdaptor(mrkit.LimitingAdaptor(mrkit.PoolResource(mrkit.DeviceMemoryResource()), "1 GiB"))

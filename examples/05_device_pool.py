@@ -1,12 +1,7 @@
 """A driver memory pool of your own: options, attributes, trimming (GPU, else the simulator)."""
 import mrkit
-from mrkit.driver import CudaDriver, SimDriver
 
-try:
-    drv = CudaDriver() if CudaDriver().device_count() else SimDriver()
-except mrkit.CUDAUnavailableError:
-    drv = SimDriver()
-mrkit.set_backend(drv)
+drv = mrkit.get_driver()  # the GPU if there is one, else the simulated device (with one warning)
 
 opts = mrkit.DeviceMemoryResourceOptions(initial_size="16 MiB", release_threshold="64 MiB")
 mr = mrkit.DeviceMemoryResource(0, opts)

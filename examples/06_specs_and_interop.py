@@ -2,13 +2,8 @@
 import numpy as np
 
 import mrkit
-from mrkit.driver import CudaDriver, SimDriver
 
-try:
-    gpu = CudaDriver().device_count() > 0
-except mrkit.CUDAUnavailableError:
-    gpu = False
-mrkit.set_backend(CudaDriver() if gpu else SimDriver())
+gpu = mrkit.get_driver().name == "cuda"  # the GPU if there is one, else the simulated device
 
 # A composition named by a spec (MRKIT_RESOURCE=<spec> does the same for code you cannot edit).
 mr = mrkit.resource_from_spec("statistics(limiting(pool(device), 1GiB))")

@@ -2,14 +2,8 @@
 (runs on the GPU if there is one, else on the simulated device)."""
 import mrkit
 import mrkit.statistics as ms
-from mrkit.driver import CudaDriver, SimDriver, set_backend
 
-try:
-    has_gpu = CudaDriver().device_count() > 0
-except mrkit.CUDAUnavailableError:
-    has_gpu = False
-if not has_gpu:
-    set_backend(SimDriver())
+has_gpu = mrkit.get_driver().name == "cuda"  # else mrkit runs on the simulated device
 
 mrkit.set_current_resource(mrkit.PoolResource(mrkit.CudaMemoryResource()))
 mr = ms.enable_statistics()

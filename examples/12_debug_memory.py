@@ -8,14 +8,8 @@ from pathlib import Path
 
 import mrkit
 from mrkit._cli import main as mrkit_command
-from mrkit.driver import CudaDriver, SimDriver, set_backend
 
-try:
-    has_gpu = CudaDriver().device_count() > 0
-except mrkit.CUDAUnavailableError:
-    has_gpu = False
-if not has_gpu:
-    set_backend(SimDriver())
+has_gpu = mrkit.get_driver().name == "cuda"  # else mrkit runs on the simulated device
 
 out = Path(tempfile.mkdtemp())
 mr = mrkit.LoggingAdaptor(mrkit.PoolResource(mrkit.DeviceMemoryResource()), out / "mem.csv")

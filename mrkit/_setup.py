@@ -139,9 +139,20 @@ def _rmm_keywords(resource, log_file, rmm: dict):
 def _check_packages(cupy: bool, numba: bool) -> None:
     """The packages ``cupy=True`` / ``numba=True`` need, before anything changes."""
     import importlib.util
+    import sys
+
+    def present(module: str) -> bool:
+        if sys.modules.get(module) is not None:  # imported already (or set up by a test)
+            return True
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ValueError, ImportError):
+            return False
+
+    wanted = {"cupy": cupy, "numba": numba}
     for flag, module, install in (("cupy", "cupy", "cupy-cuda13x' (or 'mrkit[cupy]"),
                                   ("numba", "numba", "numba-cuda' (or 'mrkit[numba]")):
-        if locals()[flag] and importlib.util.find_spec(module) is None:
+        if wanted[flag] and not present(module):
             raise ModuleNotFoundError(f"reinitialize: {flag}=True needs {module}, which is not installed: "
                                       f"pip install '{install}'; nothing was changed", name=module)
 

@@ -107,6 +107,8 @@ class _Parser:
                 while True:
                     kind, text, p = self.peek()
                     if kind == "name" and self.toks[self.i + 1][1] == "=":
+                        if text in node.kwargs:
+                            raise _error(self.spec, p, f"{node.name} got the keyword {text!r} twice")
                         self.i += 2
                         node.kwargs[text] = self.value()
                     else:
@@ -149,6 +151,7 @@ _KIND = {"device": "device", "upstream": "mr", "initial_size": "size", "maximum_
          "max_bin": "size", "chunk_size": "size", "limit": "size", "path": "path", "buffer_lines": "size",
          "growth_factor": "number", "flush_interval": "number"}
 _LEAVES = ("device", "vmm", "cuda", "managed")
+_MAX_SIZE = 1 << 62
 
 
 def _validate(spec: str, node: Node) -> None:
@@ -187,8 +190,17 @@ def _validate(spec: str, node: Node) -> None:
             raise _error(spec, node.pos, f"{where} must be a number, got the string {value!r}")
         elif kind == "device" and not float(value).is_integer():
             raise _error(spec, node.pos, f"{where} must be a device ordinal, got {value!r}")
-        elif key in ("limit", "buffer_lines", "max_bin", "chunk_size") and value <= 0:
+        elif key in ("limit", "buffer_lines", "max_bin", "chunk_size", "flush_interval") and value <= 0:
             raise _error(spec, node.pos, f"{where} must be positive, got {value!r}")
+        elif kind == "size" and value > _MAX_SIZE:
+            raise _error(spec, node.pos, f"{where} of {value} bytes is out of range (at most 2**62)")
+        elif kind == "number" and not value < float("inf"):
+            raise _error(spec, node.pos, f"{where} must be finite, got {value!r}")
+        elif kind == "device" and value >= 1 << 16:
+            raise _error(spec, node.pos, f"{where} {value!r} is out of range")
+    lo, hi = given.get("initial_size"), given.get("maximum_size")
+    if node.name == "pool" and isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo > hi:
+        raise _error(spec, node.pos, f"pool's initial_size ({lo} bytes) exceeds its maximum_size ({hi} bytes)")
 
 
 def spec_devices(node: Node) -> set[int]:

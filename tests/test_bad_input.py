@@ -234,12 +234,15 @@ def test_semantic_spec_errors_are_reported_when_the_spec_is_read(spec, match):
         parse_spec(spec)
 
 
-def test_a_bad_mrkit_resource_fails_at_import_naming_the_variable():
+def test_a_bad_mrkit_resource_fails_at_first_use_naming_the_variable():
     import os
     import subprocess
     import sys
     env = dict(os.environ, MRKIT_RESOURCE="limiting(pool(device), 0)", MRKIT_BACKEND="sim")
     r = subprocess.run([sys.executable, "-c", "import mrkit"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr  # import never reads it (`mrkit --help` must work)
+    r = subprocess.run([sys.executable, "-c", "import mrkit; mrkit.get_current_resource()"], env=env,
+                       capture_output=True, text=True)
     assert r.returncode != 0
     assert "MRKIT_RESOURCE='limiting(pool(device), 0)' is not a valid resource spec" in r.stderr
     assert "limit must be positive" in r.stderr
@@ -283,7 +286,7 @@ def _cli(*argv):
     (("nonsense",), 2, "invalid choice"),
     (("replay", "/nonexistent/log.csv"), 1, "No such file"),
     (("replay", "__BINARY__"), 1, "not an allocation log"),
-    (("replay", "__LOG__", "--resource", "pool(device, 0)x"), 1, "resource spec"),
+    (("replay", "__LOG__", "--resource", "pool(device, 0)x"), 2, "resource spec"),
 ])
 def test_cli_errors_are_one_line_with_exit_codes(tmp_path, argv, code, match):
     binary = tmp_path / "b.bin"

@@ -60,8 +60,10 @@ def test_plot_writes_the_picture(capsys, log, tmp_path, suffix, magic):
 
 def test_plot_refuses_an_unknown_format_and_says_what_to_install(capsys, log, tmp_path, monkeypatch):
     path, _ = log
-    code, _, err = _run(capsys, "--no-debug", "plot", str(path), "-o", str(tmp_path / "x.jpg"))
-    assert code == 1 and ".png, .svg, .pdf or .html" in err and err.count("\n") == 1
+    with pytest.raises(SystemExit) as e:  # refused when the flags are read, before any work
+        _run(capsys, "--no-debug", "plot", str(path), "-o", str(tmp_path / "x.jpg"))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "unsupported extension '.jpg'" in err and ".png, .svg, .pdf, .html" in err
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed
     code, _, err = _run(capsys, "--no-debug", "plot", str(path), "-o", str(tmp_path / "x.png"))
     assert code == 1 and "mrkit[plot]" in err and not (tmp_path / "x.png").exists()
@@ -102,8 +104,9 @@ def test_bench_table_and_bad_spec(capsys):
     code, text, _ = _run(capsys, "bench", "--quiet", "--ops", "200", "--rounds", "1", "--backend", "sim",
                          "--resource", "statistics(pool(device))", "--workload", "batch")
     assert code == 0 and "batch" in text and "mrkit measured alone" in text
-    code, _, err = _run(capsys, "--no-debug", "bench", "--backend", "sim", "--resource", "pool(nothing)")
-    assert code == 1 and "unknown resource 'nothing'" in err
+    with pytest.raises(SystemExit) as e:  # a bad spec is a usage error, refused before any work
+        _run(capsys, "--no-debug", "bench", "--backend", "sim", "--resource", "pool(nothing)")
+    assert e.value.code == 2 and "unknown resource 'nothing'" in capsys.readouterr().err
 
 
 def test_bench_plans_keep_live_bytes_under_the_cap():

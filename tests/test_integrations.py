@@ -49,7 +49,8 @@ def test_mrkit_resource_environment_variable():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.stdout.split() == ["StatisticsAdaptor", "PoolResource"], out.stderr
     env["MRKIT_RESOURCE"] = "statistics(pool(device)"
-    out = subprocess.run([sys.executable, "-c", "import mrkit"], capture_output=True, text=True, env=env)
+    out = subprocess.run([sys.executable, "-c", "import mrkit; mrkit.get_current_resource()"],
+                         capture_output=True, text=True, env=env)
     assert out.returncode != 0 and "at position 23" in out.stderr
 
 

@@ -359,7 +359,7 @@ def replay(log, resource: MemoryResource, *, streams: dict | None = None, driver
     ``progress``: called as ``progress(k)`` after every 1 024 events re-issued (and with the rest at
     the end), e.g. a progress bar's advance.
     """
-    if not isinstance(resource, MemoryResource):
+    if not (callable(getattr(resource, "allocate", None)) and callable(getattr(resource, "deallocate", None))):
         raise TypeError(f"resource must be a MemoryResource or a resource spec string (mrkit.replay), "
                         f"not {type(resource).__name__}")
     events = read_log(log) if not isinstance(log, list) else log

@@ -69,7 +69,8 @@ def auto_backend() -> tuple[Driver, str | None]:
     try:
         n = cuda.device_count()
     except CUDAUnavailableError as exc:
-        return SimDriver(), exc.explanation or exc.name
+        why = (exc.explanation or exc.name).split(" (")[0].split(". ")[0]  # its first clause
+        return SimDriver(), why
     if n == 0:
         return SimDriver(), "the CUDA driver reports no device"
     return cuda, None

@@ -101,8 +101,8 @@ MUTANTS = [
            "        try:\n            self._up_free(ptr, nbytes, stream, alignment)",
            ("cuda", "pool(cuda)")),
     Mutant("binning hands out a size class one step too small", "resources/_binning.py",
-           "        ptr = self._bin_alloc(max(GRAIN, 1 << (nbytes - 1).bit_length()), stream)",
-           "        ptr = self._bin_alloc(max(GRAIN, 1 << (nbytes - 1).bit_length() - 1), stream)",
+           "        ptr = self._bin_alloc(max(self.min_bin, 1 << (nbytes - 1).bit_length()), stream)",
+           "        ptr = self._bin_alloc(max(self.min_bin, 1 << (nbytes - 1).bit_length() - 1), stream)",
            ("binning(cuda)", "statistics(binning(device))")),
     # -- the simulator's race checker itself -------------------------------------------------------------
     Mutant("checker ignores reads", "driver/sim/_checker.py",
