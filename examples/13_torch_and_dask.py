@@ -3,7 +3,9 @@
 Dask: a LocalCluster of two worker processes, mrkit set up on each by the `MrkitSetup` plugin, tasks
 allocating through the worker's resource, each worker's statistics gathered into one table (on the
 simulator without a GPU). PyTorch (where it and a GPU are present): a training step inside
-`mrkit.torch.pool(...)` gives PyTorch's own loss, with mrkit supplying the segments."""
+`mrkit.torch.pool(...)` gives PyTorch's own loss, with mrkit supplying the segments.
+
+Needs: distributed (pip install "mrkit[dask]")."""
 import mrkit
 from mrkit.driver import CudaDriver
 
