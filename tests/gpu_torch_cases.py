@@ -118,15 +118,38 @@ def case_oom_is_typed():
     print("ok torch.cuda.OutOfMemoryError with mrkit's reason:", notes[-1][:120] if notes else "")
 
 
-def case_install_too_late():
-    torch.ones(10, device="cuda")
+def case_install_after_pytorch_allocated():
+    early = torch.ones(10, device="cuda")
+    a = mt.install()
+    late = torch.ones(1 << 20, device="cuda")
+    assert a.live_bytes >= 4 << 20 and float(early.sum()) == 10.0 and float(late.sum()) == float(1 << 20)
+    del early
+    torch.cuda.synchronize()
+    print("ok install() after PyTorch's first allocation routes new tensors, old ones stay valid")
+
+
+def case_install_refusal_is_typed_never_null():
+    """mrkit refusing under install() was a tensor with data_ptr() == 0; writing it lost the context."""
+    a = mt.install(LimitingAdaptor(PoolResource(DeviceMemoryResource(0)), 1 << 30))
     try:
-        mt.install()
-    except RuntimeError as exc:
-        assert "before PyTorch's first CUDA allocation" in str(exc), exc
+        t = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    except torch.cuda.OutOfMemoryError:
+        pass
     else:
-        raise AssertionError("install() after PyTorch allocated did not fail")
-    print("ok install() too late says so")
+        raise AssertionError(f"no OutOfMemoryError; data_ptr {t.data_ptr()}")
+    assert a.failures >= 1
+    y = torch.ones(100 << 20, dtype=torch.uint8, device="cuda")  # memory is still usable afterwards
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault("t", torch.full((1 << 20,), 2.0, device="cuda")))
+    th.start()
+    th.join()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        z = torch.full((1 << 20,), 3.0, device="cuda")
+    s.synchronize()
+    assert int(y.sum()) == 100 << 20 and float(out["t"].sum()) == 2.0 * (1 << 20) and float(z.sum()) == 3.0 * (1 << 20)
+    assert a.live_bytes >= (100 << 20) + (8 << 20)  # every thread's and stream's tensors came from mrkit
+    print("ok install(): a refusal is torch.cuda.OutOfMemoryError, every thread and stream routed")
 
 
 def case_cupy_and_torch_share_one_pool():

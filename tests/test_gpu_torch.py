@@ -25,7 +25,8 @@ def _case(name: str, timeout: int = 150) -> str:
 
 
 @pytest.mark.parametrize("name", ["training_same_loss_in_a_pool", "two_threads_pool", "two_threads_installed",
-                                  "oom_is_typed", "install_too_late", "cupy_and_torch_share_one_pool"])
+                                  "oom_is_typed", "install_after_pytorch_allocated",
+                                  "install_refusal_is_typed_never_null", "cupy_and_torch_share_one_pool"])
 def test_torch_case(gpu, name):
     _case(name)
 

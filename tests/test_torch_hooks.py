@@ -27,7 +27,25 @@ def _fake_torch(monkeypatch, *, internals=True):
             made.append((ALLOC(alloc_ptr), FREE(free_ptr)))
             return ("raw allocator", len(made))
         torch._C._cuda_customAllocator = custom
-        torch._C._cuda_changeCurrentAllocator = lambda raw: made.append(("installed", raw))
+        torch._C._cuda_beginAllocateToPool = lambda dev, pool_id: made.append(("routed", dev, pool_id))
+
+        class MemPool:
+            def __init__(self, raw):
+                self.raw, self.id = raw, (1, len(made))
+
+        class _Device:  # torch.cuda.device(d): a context manager
+            def __init__(self, d):
+                self.d = d
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        torch.cuda.MemPool = MemPool
+        torch.cuda.device = _Device
+        torch.cuda.device_count = lambda: 2
     torch.made = made
     monkeypatch.setitem(sys.modules, "torch", torch)
     return torch
@@ -56,30 +74,28 @@ def test_the_c_callbacks_allocate_free_and_refuse_like_pytorch_expects(sim, monk
 def test_install_and_pool_fail_clearly_without_pytorchs_internals(sim, monkeypatch):
     _fake_torch(monkeypatch, internals=False)
     import mrkit.torch as mt
-    with pytest.raises(RuntimeError, match=r"no torch\._C\._cuda_changeCurrentAllocator"):
+    with pytest.raises(RuntimeError, match=r"no torch\.cuda\.MemPool"):
         mt.install()
     with pytest.raises(RuntimeError, match=r"no torch\._C\._cuda_customAllocator"):
         mt.allocator()
     with pytest.raises(RuntimeError, match=r"no torch\._C\._cuda_customAllocator|no torch\.cuda\.MemPool"):
         with mt.pool():
             pass
-    _fake_torch(monkeypatch)
+    torch = _fake_torch(monkeypatch)
+    del torch.cuda.MemPool
     with pytest.raises(RuntimeError, match=r"no torch\.cuda\.MemPool"):
         with mt.pool():
             pass
 
 
-def test_install_hands_pytorch_the_allocator_and_reports_too_late(sim, monkeypatch):
+def test_install_routes_every_device_to_a_mempool_of_mrkit(sim, monkeypatch):
     torch = _fake_torch(monkeypatch)
     import mrkit.torch as mt
-    a = mt.install()
-    assert torch.made[-1] == ("installed", a.allocator)
-
-    def too_late(raw):
-        raise RuntimeError("Can't swap an already initialized allocator")
-    torch._C._cuda_changeCurrentAllocator = too_late
-    with pytest.raises(RuntimeError, match=r"before PyTorch's first CUDA allocation.*already initialized"):
-        mt.install()
+    a = mt.install()  # every device: one MemPool each, all allocations of the device routed to it
+    assert [m for m in torch.made if m[0] == "routed"] == [("routed", 0, a.pools[0].id), ("routed", 1, a.pools[1].id)]
+    assert all(p.raw is a.allocator and p.mrkit is a for p in a.pools)
+    one = mt.install(PoolResource(DeviceMemoryResource()))  # one resource: its own device only
+    assert [p.id for p in one.pools] == [torch.made[-1][2]] and torch.made[-1][1] == 0
     with pytest.raises(TypeError, match="mr must be"):
         mt.allocator("pool(device)")
 

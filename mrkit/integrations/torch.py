@@ -6,8 +6,8 @@ cudaStream_t stream)`` and ``void free(void* ptr, size_t size, int device, cudaS
 with ``ctypes.CFUNCTYPE`` (C-callable functions backed by Python) and hands their addresses to the
 same internal constructor that class calls, ``torch._C._cuda_customAllocator(alloc_ptr, free_ptr)``.
 That private function, ``torch.cuda.MemPool`` / ``torch.cuda.use_mem_pool`` (scoped use) and
-``torch._C._cuda_changeCurrentAllocator`` (process-wide use, what
-``torch.cuda.memory.change_current_allocator`` calls) are the PyTorch internals relied on; where one
+``torch._C._cuda_beginAllocateToPool`` (process-wide use: every stream of a device to one pool) are
+the PyTorch internals relied on; where one
 is missing :func:`allocator` / :func:`pool` / :func:`install` raise ``RuntimeError`` naming it.
 
 Two ways to use it:
@@ -17,10 +17,9 @@ Two ways to use it:
   cannot allocate (after its pool's own reclaim), PyTorch frees its cache, retries, and raises a typed
   ``torch.cuda.OutOfMemoryError`` (mrkit's reason is added as a note). PyTorch's statistics
   (``torch.cuda.memory_stats``) and snapshots keep working.
-* :func:`install`: mrkit replaces PyTorch's allocator for the whole process (before PyTorch's first
-  CUDA allocation). Every tensor allocation is then an mrkit call; PyTorch's caching statistics and
-  snapshots no longer describe the memory, and an out-of-memory surfaces as PyTorch's generic
-  ``RuntimeError``/``OutOfMemoryError`` from its custom-allocator path.
+* :func:`install`: the same ``MemPool``, one per device, made the destination of every allocation of
+  the process (every thread and stream), at any time. A refusal is a typed
+  ``torch.cuda.OutOfMemoryError``, never a null pointer.
 
 Blocks are stream-ordered on the stream PyTorch passes, and freed on the stream they were allocated
 on. The callbacks take the GIL; see docs/guide.md for the lock-order note (tested with two threads).
@@ -175,15 +174,28 @@ def _release_lock_around_segments(torch) -> None:
 
 
 def install(mr: MemoryResource | None = None) -> TorchAllocator:
-    """Make mrkit PyTorch's CUDA allocator for the whole process; must run before PyTorch's first
-    CUDA allocation (``RuntimeError`` otherwise, saying so). Prefer :func:`pool` (see the module
-    docstring for what whole replacement gives up)."""
+    """Route every PyTorch CUDA allocation of the process — every thread, every stream — to mrkit:
+    ``mr``'s device, or with ``mr=None`` every device (each from its current resource).
+
+    Built on the same ``torch.cuda.MemPool`` as :func:`pool`, one per device, made the destination of
+    all allocations on that device (``torch._C._cuda_beginAllocateToPool``), so PyTorch keeps its
+    caching allocator in front: its statistics and snapshots describe the memory, and a refusal by
+    mrkit is a typed ``torch.cuda.OutOfMemoryError`` — never a null pointer (the replaced-allocator
+    route this function used before handed PyTorch ``NULL`` and the first write lost the CUDA
+    context). Tensors PyTorch made before the call stay valid and go back to PyTorch's own pool.
+    Returns the :class:`TorchAllocator` (its ``pools`` are the ``MemPool`` of each device)."""
     torch = _torch()
-    change = _internal(torch, "torch._C._cuda_changeCurrentAllocator")
+    MemPool = _internal(torch, "torch.cuda.MemPool")
+    begin = _internal(torch, "torch._C._cuda_beginAllocateToPool")
+    _release_lock_around_segments(torch)
     alloc = allocator(mr)
-    try:
-        change(alloc.allocator)
-    except RuntimeError as exc:
-        raise RuntimeError("mrkit.torch.install() must run before PyTorch's first CUDA allocation "
-                           f"(PyTorch says: {exc}); use `with mrkit.torch.pool(...)` instead") from None
+    devices = [mr.device_id or 0] if mr is not None else list(range(torch.cuda.device_count()))
+    alloc.pools = []
+    for d in devices:
+        with torch.cuda.device(d):
+            mp = MemPool(alloc.allocator)
+        mp.mrkit = alloc
+        begin(d, mp.id)
+        alloc.pools.append(mp)
+    _keep.append(alloc.pools)  # routed for the rest of the process: the pools must outlive it
     return alloc
