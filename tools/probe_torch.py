@@ -43,23 +43,9 @@ elif case == "routed":
     with torch.cuda.stream(s):
         z = torch.ones(30 * MiB, dtype=torch.uint8, device="cuda")
     print("routed: other stream allocated; mrkit live", a.live_bytes)
-elif case in ("limit_retry", "limit_retry_empty"):
+elif case == "limit_retry":
     lim = mrkit.LimitingAdaptor(mrkit.PoolResource(mrkit.DeviceMemoryResource(0)), 256 * MiB)
     a = mt.allocator(lim)
-    if case == "limit_retry_empty":
-        orig = a._alloc
-        def alloc_with_empty(size, device, stream):
-            r = orig(size, device, stream)
-            if r is None:
-                torch.cuda.empty_cache()
-                print("  called empty_cache in callback; mrkit used", lim.used_bytes)
-                r = orig(size, device, stream)
-            return r
-        a._alloc = alloc_with_empty
-        a._c_alloc = mt._ALLOC(alloc_with_empty)
-        import ctypes
-        a.allocator = torch._C._cuda_customAllocator(ctypes.cast(a._c_alloc, ctypes.c_void_p).value,
-                                                     ctypes.cast(a._c_free, ctypes.c_void_p).value)
     mp = torch.cuda.MemPool(a.allocator)
     with torch.cuda.use_mem_pool(mp):
         ts = []
