@@ -44,8 +44,10 @@ def progress(total: int, label: str, quiet: bool):
     except ImportError:
         plain = _PlainProgress(total, label)
         return plain, plain.advance
+    from rich.console import Console
     prog = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), transient=False)
+                    TimeElapsedColumn(), transient=False,
+                    console=Console(stderr=True))  # stdout stays the command's output (--json)
     task = prog.add_task(label, total=total)
     return prog, lambda n=1: prog.advance(task, n)
 

@@ -182,6 +182,14 @@ def test_replay_json_is_pure_json(tmp_path):
     assert [x["resource"] for x in data["results"]] == ["device", "pool(device)"]
 
 
+def test_json_stays_pure_with_a_progress_bar(tmp_path):
+    log = tmp_path / "log.csv"
+    log.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x1000,256,0x0\n1,0.2,free,0x1000,256,0x0\n")
+    r = _cli("replay", str(log), "--json", "--progress")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["results"] and "replay" in r.stderr  # the bar went to stderr
+
+
 def test_shared_flags_are_valid_after_the_subcommand():
     r = _cli("replay", "/nonexistent.csv", "--debug")
     assert "unrecognized arguments" not in r.stderr
