@@ -67,7 +67,8 @@ def _backend_story() -> tuple[str, str]:
     try:
         n = CudaDriver().device_count()
     except CUDAUnavailableError as exc:
-        return "none", f"MRKIT_BACKEND={env or 'unset'} and {exc.explanation}"
+        why = (exc.explanation or exc.name).split(" (")[0].split(". ")[0]
+        return "none", (f"MRKIT_BACKEND is unset and {why}" if env is None else f"MRKIT_BACKEND={env} but {why}")
     if n == 0:
         return "none", "the CUDA driver is present but reports no device"
     return "cuda", ("MRKIT_BACKEND=cuda is set" if env == "cuda" else
