@@ -59,20 +59,24 @@ def _runtime_version(cuda) -> str:
 def _backend_story() -> tuple[str, str]:
     """(backend the process uses, why) without touching the GPU more than asking for its count: the
     same choice the library makes (:func:`mrkit.driver.auto_backend`)."""
-    from .driver import CudaDriver, env_backend
+    from .driver import CudaDriver, auto_backend, env_backend
 
     env = env_backend()
     if env == "sim":
         return "sim", "MRKIT_BACKEND=sim is set"
+    if env is None:
+        drv, why = auto_backend()
+        if why is not None:
+            return "none", f"MRKIT_BACKEND is unset and {why}"
+        n = drv.device_count()
+        return "cuda", f"a CUDA driver with {n} device{'s' if n != 1 else ''} is present (MRKIT_BACKEND unset)"
     try:
         n = CudaDriver().device_count()
     except CUDAUnavailableError as exc:
-        why = (exc.explanation or exc.name).split(" (")[0].split(". ")[0]
-        return "none", (f"MRKIT_BACKEND is unset and {why}" if env is None else f"MRKIT_BACKEND={env} but {why}")
+        return "none", f"MRKIT_BACKEND=cuda but {exc.explanation}"
     if n == 0:
-        return "none", "the CUDA driver is present but reports no device"
-    return "cuda", ("MRKIT_BACKEND=cuda is set" if env == "cuda" else
-                    f"a CUDA driver with {n} device{'s' if n != 1 else ''} is present (MRKIT_BACKEND unset)")
+        return "none", "MRKIT_BACKEND=cuda but the CUDA driver reports no device"
+    return "cuda", "MRKIT_BACKEND=cuda is set"
 
 
 def _devices_json(drv) -> list[dict]:
@@ -121,22 +125,18 @@ def cmd_info(args, out=None) -> int:
 
 def _demo_driver(backend: str | None):
     """The driver a command runs on: ``--backend``, else what the library would choose
-    (``MRKIT_BACKEND``; unset, the GPU if there is one, else the simulator)."""
-    from .driver import CudaDriver, SimDriver, env_backend
+    (:func:`mrkit.driver.auto_backend`); the simulator the commands use schedules at random."""
+    from .driver import CudaDriver, SimDriver, auto_backend
 
-    backend = backend or env_backend()
+    if backend is None:
+        drv, _ = auto_backend()
+        return SimDriver(policy="random", seed=7) if isinstance(drv, SimDriver) else drv
     if backend == "sim":
         return SimDriver(policy="random", seed=7)
     drv = CudaDriver()
-    try:
-        if drv.device_count() > 0:
-            return drv
-    except CUDAUnavailableError:
-        if backend == "cuda":
-            raise
-    if backend == "cuda":
+    if drv.device_count() == 0:  # CUDAUnavailableError without a driver
         raise CUDAUnavailableError("CUDA_NO_DEVICE", None, "cuDeviceGetCount", "the CUDA driver reports no device")
-    return SimDriver(policy="random", seed=7)
+    return drv
 
 
 def _wants_progress(args, out) -> bool:

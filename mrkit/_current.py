@@ -14,7 +14,7 @@ from .driver import get_driver
 from .resources import CudaMemoryResource, DeviceMemoryResource
 
 __all__ = ["get_current_resource", "set_current_resource", "using", "set_resource_factory",
-           "get_current_device_resource", "set_current_device_resource", "env_spec", "check_environment"]
+           "get_current_device_resource", "set_current_device_resource", "env_spec"]
 
 # -- per-device current resource ---------------------------------------------------------------
 _current: dict[int, MemoryResource] = {}
@@ -63,17 +63,6 @@ def env_spec(device_count: int | None = None):
             raise SpecError(f"MRKIT_RESOURCE={spec!r} names device {missing[0]}, but this machine has "
                             f"{device_count} device{'s' if device_count != 1 else ''}")
     return node
-
-
-def check_environment() -> None:
-    """Check ``MRKIT_BACKEND`` and ``MRKIT_RESOURCE`` (the devices it names against the driver's count)
-    without building anything; ``ValueError`` naming the variable. The command line calls it before
-    any work."""
-    from .driver import env_backend
-    env_backend()
-    if os.environ.get("MRKIT_RESOURCE"):
-        env_spec()  # the grammar first: it needs no driver
-        env_spec(get_driver().device_count())
 
 
 def _default_resource(device: int) -> MemoryResource:

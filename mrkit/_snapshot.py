@@ -86,16 +86,21 @@ def snapshot(mr: MemoryResource | None = None) -> dict:
         b = owner(p)
         if b is not None:
             blocks_of[b].append({"address": p, "size": s, "requested_size": 0, "state": "inactive", "frames": []})
-    segments = []
-    for base, size in chunks:
-        blocks = sorted(blocks_of[base], key=lambda x: x["address"])
-        allocated = sum(x["size"] for x in blocks if x["state"] == "active_allocated")
-        segments.append({
-            "device": dev, "address": base, "total_size": size, "allocated_size": allocated,
+    segments = [_segment(dev, base, size, sorted(blocks_of[base], key=lambda x: x["address"]))
+                for base, size in chunks]
+    return _assemble(dev, segments, traces)
+
+
+def _segment(dev: int, base: int, size: int, blocks: list, frames=()) -> dict:
+    """One memory_viz segment holding ``blocks``."""
+    allocated = sum(x["size"] for x in blocks if x["state"] == "active_allocated")
+    return {"device": dev, "address": base, "total_size": size, "allocated_size": allocated,
             "active_size": allocated, "requested_size": sum(x["requested_size"] for x in blocks),
             "stream": 0, "segment_type": "large" if size > (1 << 20) else "small", "segment_pool_id": (0, 0),
-            "is_expandable": False, "frames": [], "blocks": blocks,
-        })
+            "is_expandable": False, "frames": list(frames), "blocks": blocks}
+
+
+def _assemble(dev: int, segments: list, traces: list) -> dict:
     device_traces = [[] for _ in range(dev + 1)]
     device_traces[dev] = traces
     return {"segments": segments, "device_traces": device_traces, "allocator_settings": {}}
@@ -116,16 +121,10 @@ def _direct_snapshot(mr, layers, tracking) -> dict:
     for p, (n, stack) in sorted(live.items()):
         size = -(-n // GRAIN) * GRAIN
         frames = _frames(stack)
-        segments.append({
-            "device": dev, "address": p, "total_size": size, "allocated_size": size, "active_size": size,
-            "requested_size": n, "stream": 0, "segment_type": "large" if size > (1 << 20) else "small",
-            "segment_pool_id": (0, 0), "is_expandable": False, "frames": frames,
-            "blocks": [{"address": p, "size": size, "requested_size": n, "state": "active_allocated",
-                        "frames": frames}]})
+        block = {"address": p, "size": size, "requested_size": n, "state": "active_allocated", "frames": frames}
+        segments.append(_segment(dev, p, size, [block], frames))
         traces.append({"action": "alloc", "addr": p, "size": size, "stream": 0, "frames": frames, "time_us": 0})
-    device_traces = [[] for _ in range(dev + 1)]
-    device_traces[dev] = traces
-    return {"segments": segments, "device_traces": device_traces, "allocator_settings": {}}
+    return _assemble(dev, segments, traces)
 
 
 def snapshot_from_log(log, device: int = 0) -> dict:
@@ -146,9 +145,7 @@ def snapshot_from_log(log, device: int = 0) -> dict:
         else:
             trace.append({"action": "oom", "addr": 0, "size": e.size, "stream": e.stream, "frames": [],
                           "time_us": t, "device_free": 0})
-    traces = [[] for _ in range(device + 1)]
-    traces[device] = trace
-    return {"segments": [], "device_traces": traces, "allocator_settings": {}}
+    return _assemble(device, [], trace)
 
 
 def dump_snapshot(path, mr: MemoryResource | None = None) -> dict:

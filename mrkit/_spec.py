@@ -266,11 +266,10 @@ def resource_from_spec(spec: str, driver=None, device: int | None = None):
 
 
 def replay(log, resource, **options):
-    """:func:`mrkit.adaptors.replay`, where ``resource`` may also be a spec string
-    (``replay(log, "statistics(pool(device))")``, built on ``driver=`` or the process's driver)."""
     if isinstance(resource, str):
         resource = resource_from_spec(resource, options.get("driver"))
     return _replay(log, resource, **options)
 
 
-replay.__doc__ = (_replay.__doc__ or "") + "\n    ``resource`` may be a spec string: it is built first."
+replay.__doc__ = (_replay.__doc__ or "") + ("\n    ``resource`` may also be a spec string "
+                                            "(``\"statistics(pool(device))\"``), built on ``driver=`` first.")

@@ -71,8 +71,12 @@ def _plain_deallocate(ptr, nbytes, stream, alignment=256):
         stream = to_stream(stream)
     if type(nbytes) is not int or alignment is not DEFAULT_ALIGNMENT:
         nbytes, alignment = _checked_free_args(nbytes, alignment)
+        if alignment > 256:  # an aligned block, or an alignment that does not match: the lock decides
+            with lock:
+                deallocate_slow(ptr, nbytes, stream, alignment)
+            return
     n = live_pop(ptr, None)
-    if n != nbytes or alignment is not DEFAULT_ALIGNMENT:  # zero, aligned blocks, every error: locked
+    if n != nbytes:  # zero, aligned blocks, and every error: the locked path decides
         if n is not None:
             live[ptr] = n
         with lock:
@@ -143,23 +147,13 @@ def _counting_deallocate(ptr, nbytes, stream, alignment=256):
         stream = to_stream(stream)
     if type(nbytes) is not int or alignment is not DEFAULT_ALIGNMENT:
         nbytes, alignment = _checked_free_args(nbytes, alignment)
+        if alignment > 256:
+            return free_slow(ptr, nbytes, stream, alignment)
     n = live_pop(ptr, None)
-    if n != nbytes or alignment is not DEFAULT_ALIGNMENT:
+    if n != nbytes:
         if n is not None:
             live[ptr] = n
-        c = counted_pop(ptr, None)  # forgotten first: once freed, another thread may get ptr again
-        try:
-            with lock:
-                deallocate_slow(ptr, nbytes, stream, alignment)
-        except BaseException:
-            if c is not None:
-                counted[ptr] = c
-            raise
-        if c is not None:
-            record(-nbytes)
-            if len(events) > limit:
-                on_full()
-        return
+        return free_slow(ptr, nbytes, stream, alignment)
     if counted_pop(ptr, None) is not None:  # memory the adaptor never counted goes home uncounted
         record(-nbytes)
         if len(events) > limit:
@@ -187,8 +181,26 @@ def counting_paths(arena, events: list, on_full, limit: int, counted: dict):
     """:func:`plain_paths` that append ``+nbytes`` to ``events`` for each allocation and ``-nbytes``
     for each free of a block they counted (``counted``: ptr -> nbytes), calling ``on_full()`` when a
     free finds more than ``limit`` events pending."""
-    ns = _namespace(arena, events=events, on_full=on_full, limit=limit, record=events.append,
-                    counted=counted, counted_pop=counted.pop)
+    record, lock, deallocate_slow = events.append, arena.lock, arena.deallocate_slow
+
+    def free_slow(ptr, nbytes, stream, alignment):
+        """A free the lock-free path did not accept (zero, aligned blocks, errors), counted when the
+        adaptor counted the block; an error leaves the block counted, as it leaves it live."""
+        c = counted.pop(ptr, None)  # forgotten first: once freed, another thread may get ptr again
+        try:
+            with lock:
+                deallocate_slow(ptr, nbytes, stream, alignment)
+        except BaseException:
+            if c is not None:
+                counted[ptr] = c
+            raise
+        if c is not None:
+            record(-nbytes)
+            if len(events) > limit:
+                on_full()
+
+    ns = _namespace(arena, events=events, on_full=on_full, limit=limit, record=record,
+                    counted=counted, counted_pop=counted.pop, free_slow=free_slow)
     return _instance(_counting_allocate, ns), _instance(_counting_deallocate, ns)
 
 

@@ -70,11 +70,11 @@ class LoggingAdaptor(Adaptor):
 
     # Recording is inlined in both methods — one tuple, one atomic list append per event (the stream's
     # handle resolved now, so the buffer holds only numbers and strings); formatting waits for flush().
-    # A closed log serves nothing: close() swaps the buffer for _CLOSED, whose append raises, so a
-    # closed log costs the open one no test on its path.
+    # A closed log serves nothing: close() swaps the buffer for _CLOSED, whose append raises — before
+    # the upstream is called in deallocate; allocate tests for it first (its event comes after).
     def allocate(self, nbytes, stream, alignment=256):
         if self._buf is _CLOSED:
-            _CLOSED.append(None)  # raises, naming the log
+            raise ValueError(_CLOSED_MESSAGE)
         try:
             ptr = self._up_alloc(nbytes, stream, alignment)
         except OutOfMemoryError:
@@ -155,8 +155,11 @@ class _Closed(list):
     __slots__ = ()
 
     def append(self, _event) -> None:
-        raise ValueError("this LoggingAdaptor is closed: it serves no more allocations or frees "
-                         "(their events could not be logged)")
+        raise ValueError(_CLOSED_MESSAGE)
+
+
+_CLOSED_MESSAGE = ("this LoggingAdaptor is closed: it serves no more allocations or frees "
+                   "(their events could not be logged)")
 
 
 _CLOSED = _Closed()

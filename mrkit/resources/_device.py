@@ -257,7 +257,7 @@ class DeviceMemoryResource(MemoryResource):
         if type(stream) is not Stream:
             stream = as_stream(stream, self.driver)
         if alignment is not DEFAULT_ALIGNMENT:
-            check_request(0, alignment, 256)  # every valid alignment is served alike
+            check_request(0, alignment, self.max_alignment)  # every valid alignment is served alike
         live = self._live.live
         if type(nbytes) is not int or live.get(ptr) != nbytes or ptr == 0:
             if ptr == 0 and nbytes == 0 and type(nbytes) is int:
