@@ -269,6 +269,10 @@ def test_dump_snapshot_works_on_the_default_resource(sim, tmp_path):
 def test_rmm_names_are_aliases_or_hints(sim, tmp_path):
     pool = PoolResource(DeviceMemoryResource(), initial_pool_size="1 MiB", maximum_pool_size="8 MiB")
     assert pool.pool_size == 1 << 20 and pool.maximum_size == 8 << 20
+    with pytest.raises(ValueError, match="initial_pool_size: cannot parse size 'abc'"):
+        PoolResource(DeviceMemoryResource(), initial_pool_size="abc")
+    with pytest.raises(ValueError, match="initial_pool_size 2097152 exceeds maximum_pool_size 1048576"):
+        PoolResource(DeviceMemoryResource(), initial_pool_size="2 MiB", maximum_pool_size="1 MiB")
     with pytest.raises(TypeError, match=r"give initial_size or initial_pool_size \(RMM's name\), not both"):
         PoolResource(DeviceMemoryResource(), 0, initial_pool_size=0)
     old = mrkit.get_current_resource(0)

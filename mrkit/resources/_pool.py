@@ -122,21 +122,20 @@ class PoolResource(UpstreamCachingResource):
                  maximum_size: int | str | None = None, *, growth_factor: float = 0.0,
                  min_chunk: int | str = 2 << 20, driver: Driver | None = None,
                  initial_pool_size: int | str | None = None, maximum_pool_size: int | str | None = None) -> None:
+        lo_name, hi_name = "initial_size", "maximum_size"  # errors name the keyword the caller used
         if initial_pool_size is not None:  # RMM's names
             if initial_size is not None:
                 raise TypeError("give initial_size or initial_pool_size (RMM's name), not both")
-            initial_size = initial_pool_size
+            initial_size, lo_name = initial_pool_size, "initial_pool_size"
         if maximum_pool_size is not None:
             if maximum_size is not None:
                 raise TypeError("give maximum_size or maximum_pool_size (RMM's name), not both")
-            maximum_size = maximum_pool_size
-        if initial_size is None:
-            initial_size = 0
+            maximum_size, hi_name = maximum_pool_size, "maximum_pool_size"
         self._set_upstream(upstream, driver)
-        initial = -(-parse_size(initial_size, "initial_size") // GRAIN) * GRAIN
-        maximum = None if maximum_size is None else parse_size(maximum_size, "maximum_size")
+        initial = -(-parse_size(0 if initial_size is None else initial_size, lo_name) // GRAIN) * GRAIN
+        maximum = None if maximum_size is None else parse_size(maximum_size, hi_name)
         if maximum is not None and initial > maximum:
-            raise ValueError(f"initial_size {initial} exceeds maximum_size {maximum}")
+            raise ValueError(f"{lo_name} {initial} exceeds {hi_name} {maximum}")
         if isinstance(growth_factor, bool) or not isinstance(growth_factor, (int, float)):
             raise TypeError(f"growth_factor must be a number, not {type(growth_factor).__name__}")
         if not growth_factor >= 0 or growth_factor == float("inf"):
