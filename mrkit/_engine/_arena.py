@@ -262,13 +262,13 @@ class Arena:
         self.merge(st, into)
 
     def merge(self, src: StreamState, dst: StreamState) -> None:
-        """Move all of ``src``'s free memory to ``dst`` (the caller has ordered dst after src)."""
+        """Move ``src``'s free list to ``dst`` (the caller detached ``src``'s cache, then ordered dst
+        after src). Never ``src``'s cache: a block freed into it lock-free after the caller detached it
+        has work queued on ``src``'s stream that the ordering does not cover, so it stays there
+        (rule 6)."""
         if src is dst:
             return
-        b = self.boundaries
-        src.flush(b)
-        dst.flush(b)
-        dst.free = dst.free.absorb(src.free, b)
+        dst.free = dst.free.absorb(src.free, self.boundaries)
         src.free = FreeList()
 
     def order_after(self, src: Stream, dst: Stream) -> None:
@@ -370,8 +370,13 @@ class Arena:
         return False
 
     def take_over(self, uid: int, other: StreamState, st: StreamState) -> None:
+        """Move ``other``'s free list to ``st`` behind one event (its cache was flushed by the caller;
+        a state mrkit cannot prove alive is retired first). Rule 6: detached, then ordered, then moved."""
+        alive = other.stream.alive is True
+        if not alive:
+            other.retire(self.boundaries)
         self.order_after(other.stream, st.stream)
-        if other.stream.alive is True:
+        if alive:
             self.merge(other, st)  # rule 4: a live stream keeps its state
         else:
             self.retire_into(uid, other, st)
@@ -383,19 +388,29 @@ class Arena:
         their states retired."""
         if not self.ordered or self.driver is None:
             return
-        others = [(uid, st) for uid, st in list(self.states.items()) if st is not into]
+        b = self.boundaries
+        others = [(uid, st, st.stream.alive is True) for uid, st in list(self.states.items()) if st is not into]
+        # rule 6: every cache is detached before the wait, so a block freed lock-free from now on
+        # stays with its stream (its work is not waited for) instead of being moved with the rest
+        for _, st, alive in others:
+            if alive:
+                st.flush(b)
+            else:
+                st.retire(b)
+        if own:
+            into.flush(b)
         device_wide = False
-        for _, st in others + ([(None, into)] if own else []):
-            if st.empty():
+        for st, alive in [(st, alive) for _, st, alive in others] + ([(into, True)] if own else []):
+            if not st.free.sizes:
                 continue
-            if st.stream.alive is True:
+            if alive:
                 self.wait_for(st.stream)
             else:
                 device_wide = True
         if device_wide:
             self.driver.ctx_synchronize(self.device_id or 0)
-        for uid, st in others:
-            if st.stream.alive is True:
+        for uid, st, alive in others:
+            if alive:
                 self.merge(st, into)
             else:
                 self.retire_into(uid, st, into)

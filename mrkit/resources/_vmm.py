@@ -587,9 +587,9 @@ class _VirtualChunks(ChunkSource):
         arena = self.arena
         home = arena.state(DEFAULT_STREAM)
         released = self._release_spare() + self._drain_pending(wait=True)
-        # Unmapping is not stream ordered: wait for the streams that freed the memory first.
+        # Unmapping is not stream ordered: wait for the streams that freed the memory first (their
+        # caches, home's too, are detached before the wait: rule 6 of the engine).
         arena.quiesce(home, own=True)
-        home.flush(arena.boundaries)
         for first, n, h, *_ in list(self._runs_in(home.free)):
             released += self._unmap(first, n, h)
         return released

@@ -8,7 +8,11 @@
   checker) or on a GPU.
 * :func:`register_profiles` / :func:`load_profile` — Hypothesis profiles ``ci`` (built on
   Hypothesis's own ``ci``), ``dev``, ``gpu`` and ``nightly``, chosen with ``HYPOTHESIS_PROFILE``.
-* :func:`run_kit` — both on named resources (``python -m mrkit.testing [names...]`` from a shell).
+* :func:`race_test` — 2–4 threads in interleavings Hypothesis chooses (controlled by a deterministic
+  scheduler at every lock-free step and lock acquisition), shrunk to the fewest switches and replayed
+  with :func:`replay_race`; :func:`run_controlled` / :class:`Schedule` / :func:`controlled_locks` run
+  any threads that way.
+* :func:`run_kit` — all of it on named resources (``python -m mrkit.testing [names...]`` from a shell).
 * :class:`~mrkit.driver.SimDriver` (re-exported) — the simulated CUDA device.
 
 Factories take the driver the kit chose and return a fresh resource::
@@ -25,8 +29,12 @@ from ._conformance import CHECKS, Harness, read_back, walk_stack, write_pattern
 from ._conformance import run_conformance as _run_conformance
 from ._machine import checker_canary, default_backend, make_state_machine
 from ._registry import BUILTIN_FACTORIES
+from ._interleave import ControlledLock, InterleavingError, Schedule, controlled_locks, run_controlled
+from ._races import race_test, replay_race
 
 __all__ = [
+    "race_test", "replay_race", "Schedule", "run_controlled", "controlled_locks", "ControlledLock",
+    "InterleavingError",
     "run_conformance", "conformance_test_class", "make_state_machine", "register_profiles",
     "load_profile", "default_backend", "make_driver", "CHECKS", "Harness", "write_pattern",
     "read_back", "walk_stack", "SimDriver", "SimDeviceSpec", "BUILTIN_FACTORIES", "run_kit", "checker_canary",

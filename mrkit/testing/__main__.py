@@ -15,10 +15,14 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default="ci", help="Hypothesis profile: ci, dev, gpu, nightly")
     ap.add_argument("--no-shrink", action="store_true", help="report findings without shrinking them")
     ap.add_argument("--backend", choices=["sim", "cuda"], default=None)
+    phase = ap.add_mutually_exclusive_group()
+    phase.add_argument("--no-races", action="store_true", help="skip the race test (controlled thread interleavings)")
+    phase.add_argument("--races-only", action="store_true", help="run the race test alone")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     try:
-        results = run_kit(args.names or None, profile=args.profile, shrink=not args.no_shrink, backend=args.backend)
+        results = run_kit(args.names or None, profile=args.profile, shrink=not args.no_shrink, backend=args.backend,
+                          races="only" if args.races_only else not args.no_races)
     except ValueError as exc:
         print(f"mrkit.testing: error: {exc}", file=sys.stderr)
         return 2

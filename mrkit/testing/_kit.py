@@ -5,19 +5,22 @@ from __future__ import annotations
 from typing import Callable
 
 from ..driver import Driver
-from ._machine import make_state_machine
+from ._machine import default_backend, make_state_machine
+from ._races import race_test
 from ._registry import BUILTIN_FACTORIES
 
 __all__ = ["run_kit"]
 
 
 def run_kit(factories: dict[str, Callable[[Driver], object]] | list[str] | None = None, *,
-            profile: str = "ci", shrink: bool = True, backend: str | None = None) -> dict[str, str | None]:
+            profile: str = "ci", shrink: bool = True, backend: str | None = None,
+            races: bool | str = True) -> dict[str, str | None]:
     """Run the conformance suite and the state machine on each factory (a dict name -> factory, or
     names of :data:`BUILTIN_FACTORIES`; default: all of them) under the Hypothesis ``profile``.
     Returns name -> None when the kit passed, else the first line of what it found. With
     ``shrink=False`` a failure is reported as found, without shrinking it (for mutation runs, where
-    only detection matters)."""
+    only detection matters; the run then stops at the first finding). ``races``: also race-test each resource with 2–4 threads in controlled
+    interleavings (:func:`race_test`, on the simulator only); ``races="only"``: the race test alone."""
     from hypothesis import Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
@@ -37,10 +40,15 @@ def run_kit(factories: dict[str, Callable[[Driver], object]] | list[str] | None 
     results: dict[str, str | None] = {}
     for name, factory in factories.items():
         try:
-            run_conformance(factory, backend=backend)
-            run_state_machine_as_test(make_state_machine(factory, backend=backend), settings=s)
+            if races != "only":
+                run_conformance(factory, backend=backend)
+                run_state_machine_as_test(make_state_machine(factory, backend=backend), settings=s)
+            if races and (backend or default_backend()) == "sim":
+                race_test(factory, settings=s)
             results[name] = None
         except Exception as exc:  # noqa: BLE001 - every finding is reported, whatever its type
             first = (str(exc).strip().splitlines() or [""])[0]
             results[name] = f"{type(exc).__name__}: {first[:300]}"
+            if not shrink:  # detection only (mutation runs): the first finding is the verdict
+                break
     return results

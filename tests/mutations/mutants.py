@@ -17,6 +17,7 @@ class Mutant:
     old: str
     new: str
     targets: tuple[str, ...]
+    kit: str = "machine"  # "machine": conformance and state machine; "races": the race test alone
 
 
 POOLS = ("pool(cuda)", "pool(device)", "statistics(pool(device))")
@@ -62,6 +63,29 @@ MUTANTS = [
            "    size = (nbytes + 255) & -256\n    st = states_get(stream.uid)\n    if st is not None:\n        cache = st.cache",
            "    size = (nbytes + 511) & -256\n    st = states_get(stream.uid)\n    if st is not None:\n        cache = st.cache",
            POOLS),
+    # -- races between threads (found by the controlled interleavings of mrkit.testing.race_test) ------
+    Mutant("race: a free appends to a cache list a flush has just detached", "_engine/_hot.py",
+           "                if st.cache is cache:  # rule 3: still attached, so the block is where it belongs\n"
+           "                    return\n                with lock:\n                    rescue(lst, size, stream)\n                return",
+           "                return", POOLS, kit="races"),
+    Mutant("race: a flush drains the lists before swapping the dict", "_engine/_arena.py",
+           "        if keep:\n            self.cache = {s: [] for s in old}\n        else:\n            self.cache, self.hot = {}, []\n"
+           "        self._drain(old, boundaries)",
+           "        self._drain(old, boundaries)\n        if keep:\n            self.cache = {s: [] for s in old}\n"
+           "        else:\n            self.cache, self.hot = {}, []", POOLS, kit="races"),
+    # The "retired state keeps usable cache lists" is equivalent here (a retired state is merged,
+    # and the merge's flush detaches whatever cache it kept); the planted form is a retired state left
+    # in the table, where the next free of its stream meets a detached cache.
+    Mutant("race: a retired stream state stays in the table", "_engine/_arena.py",
+           "        if self.states.get(uid) is st:\n            del self.states[uid]\n", "", POOLS, kit="races"),
+    Mutant("race: the limit is read before its lock is taken", "adaptors/_others.py",
+           "        with self._lock:\n            used = self._used\n            if used + nbytes > self.limit:",
+           "        used = self._used\n        with self._lock:\n            if used + nbytes > self.limit:",
+           ("limiting(pool(cuda), 4 MiB)",), kit="races"),
+    Mutant("race: trim(wait=False) runs without the arena lock", "resources/_vmm.py",
+           "        with self.arena.lock:\n            return self._src.trim_locked() if wait else self._src.release_async()",
+           "        if not wait:\n            return self._src.release_async()\n        with self.arena.lock:\n"
+           "            return self._src.trim_locked()", VMMS, kit="races"),
     # -- the VMM -------------------------------------------------------------------------------------
     Mutant("VMM trim unmaps without waiting for the streams", "resources/_vmm.py",
            "        arena.quiesce(home, own=True)\n", "        pass\n", VMMS),

@@ -43,14 +43,16 @@ def apply(m: Mutant, where: Path) -> None:
     target.write_text(text.replace(m.old, m.new))
 
 
-def run_kit_on(pythonpath: Path | None, targets, profile: str, timeout: float) -> subprocess.CompletedProcess | None:
+def run_kit_on(pythonpath: Path | None, targets, profile: str, timeout: float,
+               kit: str = "machine") -> subprocess.CompletedProcess | None:
     env = dict(os.environ, HYPOTHESIS_PROFILE=profile, PYTHONDONTWRITEBYTECODE="1", MRKIT_TEST_BACKEND="sim")
     env.pop("MRKIT_RESOURCE", None)
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     try:
+        phase = ["--races-only"] if kit == "races" else ["--no-races"]
         return subprocess.run([sys.executable, "-m", "mrkit.testing", "--profile", profile, "--no-shrink",
-                               *targets], env=env, cwd=pythonpath or ROOT, capture_output=True, text=True,
+                               *phase, *targets], env=env, cwd=pythonpath or ROOT, capture_output=True, text=True,
                               timeout=timeout)
     except subprocess.TimeoutExpired:
         return None
@@ -60,7 +62,7 @@ def run_one(m: Mutant, profile: str, timeout: float) -> Outcome:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mrkit-mutant-") as tmp:
         apply(m, Path(tmp))
-        proc = run_kit_on(Path(tmp), m.targets, profile, timeout)
+        proc = run_kit_on(Path(tmp), m.targets, profile, timeout, m.kit)
     dt = time.perf_counter() - t0
     if proc is None:
         return Outcome(m.name, False, f"the kit hung (no verdict within {timeout:.0f} s)", dt)
