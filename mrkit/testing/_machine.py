@@ -27,8 +27,10 @@ from hypothesis.stateful import (
 
 from .._errors import CUDAError, OutOfMemoryError, StreamOrderViolation
 from .._resource import MemoryResource
+from .._current import get_current_resource, using
 from .._stream import DEFAULT_STREAM, Event, Stream
 from ..adaptors import LimitingAdaptor, LoggingAdaptor, StatisticsAdaptor, TrackingAdaptor, read_log, replay
+from ..statistics import profiler, profiler_records
 from ..driver import Driver, SimDriver, get_driver, reset_backend, set_backend
 from ._conformance import Harness, read_back, walk_stack, write_pattern
 
@@ -181,6 +183,10 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
             self.counter = 0
             self.peak = 0
             self.refusals = 0  # out of memory or injected failures: the replay may differ there
+            self.counted_bytes = 0  # bytes of every allocation made (statistics' total_bytes)
+            self.profile_name = f"mrkit.testing machine {id(self):#x}"
+            self.profile_peak = self.profile_calls = 0
+            self._log_pos, self._log_live = 0, {}
             self.corrupt: list[str] = []
             dev = self.mr.device_id or 0
             self.baseline = self.driver.mem_get_info(dev)[0] if sim and self.driver.device_count() else None
@@ -236,6 +242,7 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
             assert ptr % align == 0, f"{ptr:#x} is not {align}-aligned"
             assert ptr not in self.model, f"{ptr:#x} handed out twice"
             self.counter += 1
+            self.counted_bytes += nbytes
             b = _Block(ptr, nbytes, align, s, self.counter % 255 + 1)
             self.model[ptr] = b
             self.peak = max(self.peak, self._live_bytes())
@@ -454,6 +461,83 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
                 if errors:
                     raise errors[0]
 
+        @precondition(lambda self: self.mr is not None)
+        @rule(si=st.integers(0, 7))
+        def allocate_zero(self, si):
+            """A zero-byte request and its free: no adaptor counts either (RMM's and CCCL's rule)."""
+            s = self._stream(si)
+            ptr = self.api.allocate(0, s)
+            self.api.deallocate(ptr, 0, s)
+            note(f"allocate(0) on {s!r} -> {ptr:#x}, freed")
+
+        @precondition(lambda self: self.mr is not None)
+        @rule(calls=st.lists(st.lists(st.sampled_from([256, 4096, 65536, 1 << 20]), min_size=1, max_size=4),
+                             min_size=1, max_size=3))
+        def profiled(self, calls):
+            """Calls under ``mrkit.statistics.profiler`` with the stack as the current resource: the
+            record counts the calls and keeps the highest peak of any one call."""
+            dev = self.mr.device_id or 0
+            with using(self.api, dev):
+                for sizes in calls:
+                    with profiler(self.profile_name, device=dev):
+                        mr, got = get_current_resource(dev), []
+                        for n in sizes:
+                            try:
+                                got.append((mr.allocate(n, DEFAULT_STREAM), n))
+                            except (OutOfMemoryError, CUDAError):
+                                self.refusals += 1
+                                break
+                            self.counter += 1
+                            self.counted_bytes += n
+                        self.peak = max(self.peak, self._live_bytes() + sum(n for _, n in got))
+                        for p, n in got:
+                            mr.deallocate(p, n, DEFAULT_STREAM)
+                    self.profile_calls += 1
+                    self.profile_peak = max(self.profile_peak, sum(n for _, n in got))
+            rec = profiler_records()[self.profile_name]
+            note(f"profiled calls of {calls}: record peak {rec.peak_bytes}, {rec.calls} calls")
+            assert rec.calls == self.profile_calls, f"the profiler counted {rec.calls} calls, {self.profile_calls} were made"
+            assert rec.peak_bytes == self.profile_peak, (
+                f"the profiler's peak is {rec.peak_bytes}; the highest peak of one call was {self.profile_peak}")
+
+        @precondition(lambda self: self.mr is not None and any(isinstance(r, LimitingAdaptor) for r in walk_stack(self.mr)))
+        @rule(target=blocks, si=st.integers(0, 7))
+        def to_the_limit(self, si):
+            """Exactly the room a limiting adaptor has left is granted (unless its upstream refuses);
+            one byte more is refused by the adaptor, naming its limit."""
+            lim = next(r for r in walk_stack(self.mr) if isinstance(r, LimitingAdaptor))
+            room, s = lim.limit - lim.used_bytes, self._stream(si)
+            if room <= 0:
+                return multiple()
+            try:
+                ptr = self.api.allocate(room, s)
+            except OutOfMemoryError as exc:
+                assert exc.resource is not lim, f"{lim!r} refused {room} bytes, exactly the room it has: {exc}"
+                self.refusals += 1
+                return multiple()
+            except CUDAError as exc:
+                if INJECTED not in str(exc):
+                    raise
+                self.refusals += 1
+                return multiple()
+            self.counter += 1
+            self.counted_bytes += room
+            b = _Block(ptr, room, 256, s, self.counter % 255 + 1)
+            self.model[ptr] = b
+            self.peak = max(self.peak, self._live_bytes())
+            note(f"allocate({room}) (the limit's room) on {s!r} -> {ptr:#x}")
+            try:
+                extra = self.api.allocate(1, s)
+            except OutOfMemoryError as exc:
+                assert exc.resource is lim, f"one byte past the limit was refused by {exc.resource!r}, not {lim!r}"
+            except CUDAError as exc:
+                if INJECTED not in str(exc):
+                    raise
+            else:
+                self.api.deallocate(extra, 1, s)
+                raise AssertionError(f"{lim!r} granted one byte past its limit ({lim.used_bytes} used)")
+            return b
+
         # -- invariants -------------------------------------------------------------------
         @invariant()
         def no_overlap_and_aligned(self):
@@ -477,18 +561,47 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
             want = self._live_bytes()
             for r in walk_stack(self.mr):
                 if isinstance(r, StatisticsAdaptor):
-                    assert r.statistics.current_bytes == want, (
-                        f"statistics say {r.statistics.current_bytes} live bytes, the model {want}")
-                    assert r.statistics.current_count == len(self.model)
-                    assert r.statistics.peak_bytes >= want
+                    c = r.statistics
+                    assert c.current_bytes == want, f"statistics say {c.current_bytes} live bytes, the model {want}"
+                    assert c.current_count == len(self.model), (
+                        f"statistics count {c.current_count} live allocations, the model {len(self.model)}")
+                    assert (c.total_count, c.total_bytes) == (self.counter, self.counted_bytes), (
+                        f"statistics count {c.total_count} allocations of {c.total_bytes} bytes in all, the model "
+                        f"{self.counter} of {self.counted_bytes}")
+                    assert c.peak_bytes == self.peak, f"statistics' peak is {c.peak_bytes}, the model's {self.peak}"
                 if isinstance(r, LimitingAdaptor):
                     assert r.used_bytes == want, f"limiting adaptor counts {r.used_bytes}, the model {want}"
                     assert r.used_bytes <= r.limit, f"limiting adaptor is past its limit: {r.used_bytes} > {r.limit}"
                 if isinstance(r, TrackingAdaptor):
-                    assert r.live_bytes == want, f"tracking adaptor has {r.live_bytes} bytes outstanding, the model {want}"
+                    got = r.outstanding()
+                    assert got == {p: b.nbytes for p, b in self.model.items()}, (
+                        f"tracking adaptor has {len(got)} allocations ({r.live_bytes} bytes) outstanding, the "
+                        f"model {len(self.model)} ({want} bytes)")
             live = getattr(self.mr, "live_bytes", None)
             if live is not None:
                 assert live == want, f"{self.mr!r}.live_bytes is {live}, the model says {want}"
+
+        @invariant()
+        def log_replays_to_the_live_set(self):
+            """The log so far, read back, leaves exactly the live blocks live (nothing lost, after
+            every step)."""
+            if self.mr is None or not log_roundtrip:
+                return
+            self.api.flush()
+            text = self.api._file.getvalue()
+            new = text[self._log_pos:]
+            live = self._log_live
+            if new:  # the lines written since the last step, read with the log's header
+                header = text[:text.index("\n") + 1]
+                for e in read_log(new if self._log_pos == 0 else header + new):
+                    if e.action == "allocate":
+                        live[e.pointer] = e.size
+                    elif e.action == "free":
+                        live.pop(e.pointer, None)
+                self._log_pos = len(text)
+            want = {p: b.nbytes for p, b in self.model.items()}
+            assert live == want, (f"the log leaves {len(live)} blocks live, the run {len(want)}: "
+                                  f"{sorted(set(live.items()) ^ set(want.items()))[:3]}")
 
         def teardown(self):
             if self.mr is None:
@@ -528,9 +641,9 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
             frees, the same peak, everything freed."""
             self.api.flush()
             events = read_log(self.api._file.getvalue())
-            allocs = sum(e.action == "allocate" for e in events)
+            allocs = sum(e.action == "allocate" and e.size > 0 for e in events)  # zero-size ones aside
             assert allocs == self.counter, f"the log has {allocs} allocations, the run made {self.counter}"
-            assert sum(e.action == "free" for e in events) == self.counter, "the log lost frees"
+            assert sum(e.action == "free" and e.size > 0 for e in events) == self.counter, "the log lost frees"
             fresh_driver = SimDriver(policy="eager")
             previous = set_backend(fresh_driver)
             try:
