@@ -265,7 +265,7 @@ class Arena:
         """Move ``src``'s free list to ``dst`` (the caller detached ``src``'s cache, then ordered dst
         after src). Never ``src``'s cache: a block freed into it lock-free after the caller detached it
         has work queued on ``src``'s stream that the ordering does not cover, so it stays there
-        (rule 6)."""
+        (rule 7)."""
         if src is dst:
             return
         dst.free = dst.free.absorb(src.free, self.boundaries)
@@ -371,7 +371,7 @@ class Arena:
 
     def take_over(self, uid: int, other: StreamState, st: StreamState) -> None:
         """Move ``other``'s free list to ``st`` behind one event (its cache was flushed by the caller;
-        a state mrkit cannot prove alive is retired first). Rule 6: detached, then ordered, then moved."""
+        a state mrkit cannot prove alive is retired first). Rule 7: detached, then ordered, then moved."""
         alive = other.stream.alive is True
         if not alive:
             other.retire(self.boundaries)
@@ -390,7 +390,7 @@ class Arena:
             return
         b = self.boundaries
         others = [(uid, st, st.stream.alive is True) for uid, st in list(self.states.items()) if st is not into]
-        # rule 6: every cache is detached before the wait, so a block freed lock-free from now on
+        # rule 7: every cache is detached before the wait, so a block freed lock-free from now on
         # stays with its stream (its work is not waited for) instead of being moved with the rest
         for _, st, alive in others:
             if alive:

@@ -588,7 +588,7 @@ class _VirtualChunks(ChunkSource):
         home = arena.state(DEFAULT_STREAM)
         released = self._release_spare() + self._drain_pending(wait=True)
         # Unmapping is not stream ordered: wait for the streams that freed the memory first (their
-        # caches, home's too, are detached before the wait: rule 6 of the engine).
+        # caches, home's too, are detached before the wait: rule 7 of the engine).
         arena.quiesce(home, own=True)
         for first, n, h, *_ in list(self._runs_in(home.free)):
             released += self._unmap(first, n, h)
