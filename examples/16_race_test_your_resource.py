@@ -55,7 +55,7 @@ def budget(careful):
     return lambda drv: Budget(mrkit.PoolResource(mrkit.CudaMemoryResource(driver=drv)), 8 << 20, careful)
 
 
-quick = settings(max_examples=40, database=None, deadline=None)
+quick = settings(max_examples=15, database=None, deadline=None)
 try:
     race_test(budget(careful=False), settings=quick)
 except InterleavingError as exc:

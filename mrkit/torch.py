@@ -1,4 +1,4 @@
 """``mrkit.torch``: mrkit resources behind PyTorch's CUDA allocator (see :mod:`mrkit.integrations.torch`)."""
-from .integrations.torch import TorchAllocator, allocator, install, pool
+from .integrations.torch import AllocatorCallbacks, TorchAllocator, allocator, install, pool
 
-__all__ = ["TorchAllocator", "allocator", "pool", "install"]
+__all__ = ["AllocatorCallbacks", "TorchAllocator", "allocator", "pool", "install"]

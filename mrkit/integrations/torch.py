@@ -34,7 +34,7 @@ from .._current import get_current_resource
 from .._resource import MemoryResource
 from .._stream import DEFAULT_STREAM, Stream
 
-__all__ = ["TorchAllocator", "allocator", "pool", "install"]
+__all__ = ["AllocatorCallbacks", "TorchAllocator", "allocator", "pool", "install"]
 
 _ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
 _FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
@@ -59,18 +59,18 @@ def _internal(torch, dotted: str):
     return obj
 
 
-class TorchAllocator:
-    """mrkit's resources as a PyTorch CUDA allocator. ``mr``: one resource (its device only), or
-    ``None``: the current resource of the device PyTorch asks for.
+class AllocatorCallbacks:
+    """The Python side of PyTorch's pluggable allocator, without PyTorch: ``alloc(size, device,
+    stream)`` and ``free(ptr, size, device, stream)`` exactly as PyTorch calls them, over ``mr`` (one
+    resource, its device only) or ``None`` (the current resource of the device asked for). A block
+    goes back to the resource that allocated it, on the stream it was allocated on, whatever is current
+    when it is freed. The testing kit drives these; :class:`TorchAllocator` hands them to PyTorch.
 
-    ``allocator`` is PyTorch's allocator object (for ``torch.cuda.MemPool(...)``); ``live_bytes`` what
-    PyTorch holds from mrkit now; ``failures`` allocations mrkit refused, ``last_error`` the latest
-    reason; ``foreign_frees`` frees of pointers this allocator never handed out (ignored: a C callback
+    ``live_bytes`` is what is held through them now; ``failures`` allocations refused, ``last_error``
+    the latest reason; ``foreign_frees`` frees of pointers they never handed out (ignored: a C callback
     cannot raise)."""
 
     def __init__(self, mr: MemoryResource | None = None) -> None:
-        torch = _torch()
-        make = _internal(torch, "torch._C._cuda_customAllocator")
         if mr is not None:
             if not isinstance(mr, MemoryResource):
                 raise TypeError(f"mr must be a MemoryResource or None, not {type(mr).__name__}")
@@ -84,10 +84,6 @@ class TorchAllocator:
         self.failures = 0
         self.foreign_frees = 0
         self.last_error: BaseException | None = None
-        self._c_alloc, self._c_free = _ALLOC(self._alloc), _FREE(self._free)
-        self.allocator = make(ctypes.cast(self._c_alloc, ctypes.c_void_p).value,
-                              ctypes.cast(self._c_free, ctypes.c_void_p).value)
-        _keep.append(self)
 
     def _stream(self, handle: int | None) -> Stream:
         if not handle:
@@ -97,7 +93,7 @@ class TorchAllocator:
             s = self._streams[handle] = Stream.wrap(handle)
         return s
 
-    def _alloc(self, size, device, stream):
+    def alloc(self, size, device, stream):
         """PyTorch's ``alloc``: a pointer, or NULL (PyTorch then frees its cache and retries or raises)."""
         try:
             mr = self.resource if self.resource is not None else get_current_resource(device)
@@ -116,8 +112,8 @@ class TorchAllocator:
             self.live_bytes += size
         return ptr
 
-    def _free(self, ptr, size, device, stream):
-        """PyTorch's ``free``: the block goes back on the stream it was allocated on."""
+    def free(self, ptr, size, device, stream):
+        """PyTorch's ``free``: the block goes back to its resource, on the stream it was allocated on."""
         with self._lock:
             entry = self._live.pop(ptr or 0, None)
             if entry is None:
@@ -132,6 +128,21 @@ class TorchAllocator:
     def __repr__(self) -> str:
         what = repr(self.resource) if self.resource is not None else "the current resource of each device"
         return f"<mrkit.torch allocator over {what}: {self.live_bytes} bytes live>"
+
+
+class TorchAllocator(AllocatorCallbacks):
+    """mrkit's resources as a PyTorch CUDA allocator: :class:`AllocatorCallbacks` made C-callable
+    (``ctypes``) and handed to PyTorch. ``allocator`` is PyTorch's allocator object (for
+    ``torch.cuda.MemPool(...)``)."""
+
+    def __init__(self, mr: MemoryResource | None = None) -> None:
+        torch = _torch()
+        make = _internal(torch, "torch._C._cuda_customAllocator")
+        super().__init__(mr)
+        self._c_alloc, self._c_free = _ALLOC(self.alloc), _FREE(self.free)
+        self.allocator = make(ctypes.cast(self._c_alloc, ctypes.c_void_p).value,
+                              ctypes.cast(self._c_free, ctypes.c_void_p).value)
+        _keep.append(self)
 
 
 def allocator(mr: MemoryResource | None = None) -> TorchAllocator:

@@ -336,8 +336,9 @@ class Controller:
                           "scheduler: a lock not made inside controlled_locks?)")
                 break
             seen = len(self.steps)
-        for t in threads:
-            t.thread.join(timeout=max(self.stall, 1.0))
+        deadlocked = isinstance(self.failure, str) and self.failure.startswith(("deadlock", "no progress"))
+        for t in threads:  # deadlocked threads never end (daemon threads: they do not hold up exit)
+            t.thread.join(timeout=0.2 if deadlocked else max(self.stall, 1.0))
         steps = [Step(*s) for s in self.steps]
         failure = self.failure
         if failure is not None:

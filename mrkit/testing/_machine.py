@@ -13,7 +13,9 @@ reads a block after synchronising the one stream that owns it, never the whole d
 """
 from __future__ import annotations
 
+import contextlib
 import io
+import itertools
 import os
 import threading
 from dataclasses import dataclass
@@ -30,6 +32,8 @@ from .._resource import MemoryResource
 from .._current import get_current_resource, using
 from .._stream import DEFAULT_STREAM, Event, Stream
 from ..adaptors import LimitingAdaptor, LoggingAdaptor, StatisticsAdaptor, TrackingAdaptor, read_log, replay
+from ..integrations.torch import AllocatorCallbacks
+from ..resources import CudaMemoryResource, VirtualMemoryResource
 from ..statistics import profiler, profiler_records
 from ..driver import Driver, SimDriver, get_driver, reset_backend, set_backend
 from ._conformance import Harness, read_back, walk_stack, write_pattern
@@ -42,6 +46,7 @@ SIZES = st.one_of(
     st.integers(513, 3 << 20),
 )
 INJECTED = "injected by SimDriver.fail_allocation"
+_RUNS = itertools.count(1)
 
 
 def default_backend() -> str:
@@ -152,8 +157,9 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
         raise ValueError(f"scheduling must be 'hypothesis' or 'seeded', got {scheduling!r}")
     sim = backend == "sim"
     driven = sim and scheduling == "hypothesis" and sim_factory is None
-    make_sim = sim_factory or ((lambda seed: SimDriver(policy="manual")) if driven
-                               else (lambda seed: SimDriver(policy="random", seed=seed)))
+    # two simulated devices: the caller's current device may differ from the resource's
+    make_sim = sim_factory or ((lambda seed: SimDriver(devices=2, policy="manual")) if driven
+                               else (lambda seed: SimDriver(devices=2, policy="random", seed=seed)))
 
     class Machine(RuleBasedStateMachine):
         blocks = Bundle("blocks")
@@ -182,9 +188,10 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
                                  for _ in range(min(2, max_streams - 1))]
             self.counter = 0
             self.peak = 0
+            self.caller = self.mr.device_id or 0  # the device current on the machine's threads when it calls
             self.refusals = 0  # out of memory or injected failures: the replay may differ there
             self.counted_bytes = 0  # bytes of every allocation made (statistics' total_bytes)
-            self.profile_name = f"mrkit.testing machine {id(self):#x}"
+            self.profile_name = f"mrkit.testing machine {next(_RUNS)}"  # never reused: records are per process
             self.profile_peak = self.profile_calls = 0
             self._log_pos, self._log_live = 0, {}
             self.corrupt: list[str] = []
@@ -224,10 +231,18 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
                 assert got == bytes([b.pattern]) * b.nbytes, (
                     f"{b!r} was corrupted: expected {b.pattern}, found {sorted(set(got))[:4]}")
 
+        def _as_caller(self):
+            """The calls into the resource run with ``self.caller`` current (the default stream then
+            means the resource's device's, whatever is current: the resource must scope it)."""
+            if sim and self.caller != (self.mr.device_id or 0):
+                return self.driver.on_device(self.caller)
+            return contextlib.nullcontext()
+
         def _allocate(self, nbytes, align, s, fill):
             before = self._live_bytes()
             try:
-                ptr = self.api.allocate(nbytes, s, align)
+                with self._as_caller():
+                    ptr = self.api.allocate(nbytes, s, align)
             except OutOfMemoryError as exc:
                 self._note(f"allocate({nbytes}) on {s!r}: out of memory ({str(exc)[:120]})")
                 self.refusals += 1
@@ -253,7 +268,8 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
 
         def _free(self, b: _Block, s: Stream) -> None:
             self._note(f"free {b!r} on {s!r}")
-            self.api.deallocate(b.ptr, b.nbytes, s, b.alignment)
+            with self._as_caller():
+                self.api.deallocate(b.ptr, b.nbytes, s, b.alignment)
             del self.model[b.ptr]
 
         # -- rules -----------------------------------------------------------------------
@@ -460,6 +476,58 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
                 note(f"two threads, turns {order}, on {streams}: " + "; ".join(notes))
                 if errors:
                     raise errors[0]
+
+        if sim:
+            @precondition(lambda self: self.mr is not None and self.driver.device_count() > 1)
+            @rule(d=st.integers(0, 3))
+            def caller_device(self, d):
+                """From now on the machine calls the resource with another device current (a program
+                that works on two GPUs): ``DEFAULT_STREAM`` still means the resource's device's."""
+                self.caller = d % self.driver.device_count()
+                note(f"the caller's current device is now {self.caller}")
+
+        @precondition(lambda self: self.mr is not None and self.mr.device_accessible)
+        @rule(n=st.sampled_from([256, 4096, 1 << 20]), si=st.integers(0, 7))
+        def torch_hooks_replaced(self, n, si):
+            """PyTorch's allocator callbacks (``mrkit.torch.AllocatorCallbacks``, no PyTorch needed) serve
+            the current resource; another resource is made current before the free: the block still
+            goes home to the resource that allocated it."""
+            dev, s = self.mr.device_id or 0, self._stream(si)
+            cb = AllocatorCallbacks(None)
+            with using(self.api, dev):
+                ptr = cb.alloc(n, dev, s.handle)
+            if ptr is None:
+                self.refusals += 1
+                note(f"torch hooks: alloc({n}) refused ({cb.last_error!r})")
+                return
+            self.counter += 1
+            self.counted_bytes += n
+            self.peak = max(self.peak, self._live_bytes() + n)
+            with using(CudaMemoryResource(dev, driver=self.driver), dev):
+                cb.free(ptr, n, dev, s.handle)
+            note(f"torch hooks: alloc({n}) on {s!r} -> {ptr:#x}; another resource made current; freed")
+            assert cb.last_error is None, f"the torch free of {ptr:#x} failed: {cb.last_error!r}"
+            assert (cb.foreign_frees, cb.live_bytes) == (0, 0), "the torch hooks lost track of a block"
+
+        if sim and faults:
+            @precondition(lambda self: self.mr is not None and any(
+                isinstance(r, VirtualMemoryResource) for r in walk_stack(self.mr)))
+            @rule(target=blocks, si=st.integers(0, 7), ti=st.integers(0, 7))
+            def out_of_memory_twice(self, si, ti):
+                """A VMM runs out of device memory twice (injected): a large block mapped before the
+                first time is freed on one stream, its check still queued, and another stream's request
+                then needs pages; the mappings made large before the device filled up are released
+                (unmapped: not stream ordered), after waiting for the stream that freed them."""
+                s, t = self._stream(si), self._stream(ti)
+                big = self._allocate(96 << 20, 256, s, True)
+                self.driver.fail_allocation(0, "CUDA_ERROR_OUT_OF_MEMORY", calls=("cuMemCreate",))
+                small = self._allocate(4 << 20, 256, t, True)
+                if big is not None:
+                    self._verify(big)
+                    self._free(big, s)
+                self.driver.fail_allocation(0, "CUDA_ERROR_OUT_OF_MEMORY", calls=("cuMemCreate",))
+                large = self._allocate(128 << 20, 256, t, False)
+                return multiple(*[b for b in (small, large) if b is not None])
 
         @precondition(lambda self: self.mr is not None)
         @rule(si=st.integers(0, 7))

@@ -49,6 +49,8 @@ BUILTIN_FACTORIES = {
     "vmm(page runs, relative release)": lambda drv: VirtualMemoryResource(
         0, VirtualMemoryResourceOptions(max_mapping="2 MiB", release_fraction=0.1), driver=drv),
     "statistics(vmm)": lambda drv: StatisticsAdaptor(VirtualMemoryResource(0, driver=drv)),
+    "vmm(256 MiB mappings)": lambda drv: VirtualMemoryResource(
+        0, VirtualMemoryResourceOptions(max_mapping="256 MiB"), driver=drv),
     "vmm(moving pages, footprint_limit=1.0)": lambda drv: VirtualMemoryResource(
         0, VirtualMemoryResourceOptions(max_mapping="4 MiB", footprint_limit=1.0), driver=drv),
 }
