@@ -3,6 +3,8 @@ the races it found in mrkit's own engine (each a test first), and the kit's race
 mrkit ships."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from mrkit.testing import (
@@ -91,8 +93,11 @@ def test_a_deadlock_is_reported_not_hung(tmp_path):
     exec(compile(src, str(path), "exec"), ns)
     with controlled_locks():
         t = ns["Two"]()
+    before = threading.active_count()
     with pytest.raises(InterleavingError, match="deadlock"):
         run_controlled([t.ab, t.ba], "0x2 1x*", points=default_points([str(path)]))
+    assert threading.active_count() == before  # the deadlocked threads unwound and ended
+    assert not t.a.locked() and not t.b.locked()
 
 
 def test_schedules_parse_and_refuse_nonsense():

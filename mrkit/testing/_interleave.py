@@ -149,6 +149,11 @@ def _short(filename: str) -> str:
     return os.path.basename(filename)
 
 
+class RunAbandoned(BaseException):
+    """Raised in a controlled thread blocked on a :class:`ControlledLock` when the run ended in a
+    deadlock, so that every thread unwinds (releasing what it holds) and ends."""
+
+
 class InterleavingError(AssertionError):
     """A controlled run failed: a thread raised, the threads deadlocked, or a check failed after
     them. Carries the schedule that replays it and the interleaving (the steps around each switch)."""
@@ -211,6 +216,7 @@ class Controller:
         self.finished = threading.Event()
         self.tls = threading.local()
         self.free_run = False
+        self.deadlocked = False
         self.failure: BaseException | str | None = None
         self.threads: list[_Thread] = []
         self.segments = list(schedule.segments)
@@ -265,6 +271,7 @@ class Controller:
             if c.state == "ready":
                 return c
         if any(c.state != "done" for c in threads):
+            self.deadlocked = True
             self.fail("deadlock: every thread is blocked on a lock: " + ", ".join(
                 f"T{c.index} on {c.blocked_on!r}" for c in threads if c.state == "blocked"))
         else:
@@ -336,9 +343,8 @@ class Controller:
                           "scheduler: a lock not made inside controlled_locks?)")
                 break
             seen = len(self.steps)
-        deadlocked = isinstance(self.failure, str) and self.failure.startswith(("deadlock", "no progress"))
-        for t in threads:  # deadlocked threads never end (daemon threads: they do not hold up exit)
-            t.thread.join(timeout=0.2 if deadlocked else max(self.stall, 1.0))
+        for t in threads:
+            t.thread.join(timeout=max(self.stall, 1.0))
         steps = [Step(*s) for s in self.steps]
         failure = self.failure
         if failure is not None:
@@ -405,11 +411,13 @@ class ControlledLock:
             while not self._lock.acquire(False):
                 if not blocking:
                     return False
-                t.state, t.blocked_on = "blocked", self
-                ctl.yield_(t, "blocked", f.f_code.co_filename, f.f_lineno)
-                if ctl.free_run:  # the run was abandoned: an ordinary lock from here on
+                if ctl.free_run:  # the run was abandoned: an ordinary lock from here on, unless
+                    if ctl.deadlocked:  # the threads are deadlocked: then each unwinds
+                        raise RunAbandoned("the controlled run ended in a deadlock")
                     self._lock.acquire()
                     break
+                t.state, t.blocked_on = "blocked", self
+                ctl.yield_(t, "blocked", f.f_code.co_filename, f.f_lineno)
             t.held += 1
         self._owner, self._count = me, 1
         return True
