@@ -32,15 +32,21 @@ class Counter:
 '''
 
 
+def _build(tmp_path, name: str, src: str, cls: str):
+    """An instance of ``cls`` from ``src`` written to a file (so its lines are scheduling points),
+    built inside controlled_locks(), and the points predicate for that file."""
+    path = tmp_path / name
+    path.write_text(src)
+    ns: dict = {}
+    exec(compile(src, str(path), "exec"), ns)
+    with controlled_locks():
+        obj = ns[cls]()
+    return obj, default_points([str(path)])
+
+
 @pytest.fixture
 def counter(tmp_path):
-    path = tmp_path / "counter_mod.py"
-    path.write_text(_SRC)
-    ns: dict = {}
-    exec(compile(_SRC, str(path), "exec"), ns)
-    with controlled_locks():
-        c = ns["Counter"]()
-    return c, default_points([str(path)])
+    return _build(tmp_path, "counter_mod.py", _SRC, "Counter")
 
 
 def test_a_schedule_decides_the_interleaving_and_replays_exactly(counter):
@@ -87,15 +93,10 @@ def test_a_deadlock_is_reported_not_hung(tmp_path):
     src = ("import threading\nclass Two:\n    def __init__(self):\n        self.a = threading.Lock()\n"
            "        self.b = threading.Lock()\n    def ab(self):\n        with self.a:\n            with self.b:\n"
            "                pass\n    def ba(self):\n        with self.b:\n            with self.a:\n                pass\n")
-    path = tmp_path / "two.py"
-    path.write_text(src)
-    ns: dict = {}
-    exec(compile(src, str(path), "exec"), ns)
-    with controlled_locks():
-        t = ns["Two"]()
+    t, points = _build(tmp_path, "two.py", src, "Two")
     before = threading.active_count()
     with pytest.raises(InterleavingError, match="deadlock"):
-        run_controlled([t.ab, t.ba], "0x2 1x*", points=default_points([str(path)]))
+        run_controlled([t.ab, t.ba], "0x2 1x*", points=points)
     assert threading.active_count() == before  # the deadlocked threads unwound and ended
     assert not t.a.locked() and not t.b.locked()
 
