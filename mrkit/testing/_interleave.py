@@ -32,7 +32,7 @@ import random
 import sys
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 __all__ = ["Schedule", "ControlledLock", "controlled_locks", "run_controlled", "InterleavingError",

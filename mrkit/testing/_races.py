@@ -21,7 +21,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .._errors import CUDAError, OutOfMemoryError
+from .._errors import OutOfMemoryError
 from .._stream import DEFAULT_STREAM, Stream
 from ..adaptors import LimitingAdaptor, StatisticsAdaptor, TrackingAdaptor
 from ..driver import SimDriver, reset_backend, set_backend
@@ -126,8 +126,6 @@ class _Run:
             ptr = self.mr.allocate(nbytes, stream)
         except OutOfMemoryError:
             return
-        except CUDAError:
-            raise
         for p, (n, _, _) in list(self.live.items()):
             assert ptr + nbytes <= p or p + n <= ptr, (
                 f"{ptr:#x}+{nbytes} was handed out while {p:#x}+{n} is live (handed out twice)")
