@@ -94,6 +94,7 @@ class _Run:
         with controlled_locks():
             self.mr = self.factory(self.driver)
         self.stack = walk_stack(self.mr)
+        self.limits = [r for r in self.stack if isinstance(r, LimitingAdaptor)]
         dev = self.mr.device_id or 0
         self.device = self.mr.device_accessible
         if self.device:
@@ -197,9 +198,8 @@ class _Run:
 
     # -- checks ----------------------------------------------------------------------------------
     def check_limits(self) -> None:
-        for r in self.stack:
-            if isinstance(r, LimitingAdaptor):
-                assert r.used_bytes <= r.limit, f"{r!r} is past its limit: {r.used_bytes} > {r.limit}"
+        for r in self.limits:
+            assert r.used_bytes <= r.limit, f"{r!r} is past its limit: {r.used_bytes} > {r.limit}"
 
     def check_counts(self) -> None:
         want = sum(n for n, _, _ in self.live.values())
@@ -233,7 +233,9 @@ class _Run:
         try:
             self.warm()
             bodies = [self.body(p) for p in self.programs]
-            results, steps = run_controlled(bodies, self.schedule, points=self.points, on_step=self.check_limits)
+            # the per-step check only where there is a limit to check (it costs a Python call per step)
+            on_step = self.check_limits if self.limits else None
+            results, steps = run_controlled(bodies, self.schedule, points=self.points, on_step=on_step)
             try:
                 self.check_counts()
                 for held in results:
