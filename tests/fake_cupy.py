@@ -3,9 +3,12 @@ integration is tested on the simulator in CI (the real CuPy runs in the GPU test
 
 As in ``cupy/cuda/memory.pyx``: ``PythonFunctionAllocatorMemory(size, malloc_func, free_func,
 device_id)`` calls ``malloc_func(size, device_id)`` when ``size > 0`` and, when dropped,
-``free_func(ptr, device_id)``; ``BaseMemory.size`` is what CuPy code reads as the block's size;
+``free_func(ptr, device_id)``; ``UnownedMemory(ptr, size, owner, device_id)`` holds ``owner`` (whose
+own finalizer frees); ``BaseMemory.size`` is what CuPy code reads as the block's size;
 ``device.get_device_id()`` is the current device; ``get_current_stream(device_id)`` that device's
-current stream. ``make()`` builds a fresh module; ``install()`` also puts it in ``sys.modules``.
+current stream. ``gc_clear(mem)`` does to a memory object what the garbage collector's ``tp_clear``
+does to CuPy's (compiled, GC-tracked) classes when the object is part of a cycle: its object fields
+become ``None`` before it is deallocated. ``make()`` builds a fresh module; ``install()`` also puts it in ``sys.modules``.
 """
 from __future__ import annotations
 
@@ -56,6 +59,19 @@ def make(devices: int = 1):
             if self.ptr:
                 self._free_func(self.ptr, self.device_id)
 
+    class UnownedMemory:
+        def __init__(self, ptr, size, owner, device_id=-1):
+            if device_id < 0:
+                raise AssertionError("mrkit must pass the device: a lookup would cost a driver call")
+            self.ptr, self.size, self._owner, self.device_id = ptr, size, owner, device_id
+
+    def gc_clear(mem):
+        """``tp_clear``: CuPy's memory classes with object fields have them set to ``None``."""
+        if isinstance(mem, PythonFunctionAllocatorMemory):
+            mem._free_func = None
+        elif isinstance(mem, UnownedMemory):
+            mem._owner = None
+
     class MemoryPointer:
         def __init__(self, mem, offset):
             self.mem, self.ptr, self.device_id = mem, mem.ptr + offset, getattr(mem, "device_id", 0)
@@ -100,6 +116,7 @@ def make(devices: int = 1):
 
     memory.PythonFunctionAllocatorMemory = PythonFunctionAllocatorMemory
     memory.PythonFunctionAllocator = PythonFunctionAllocator
+    memory.UnownedMemory = UnownedMemory
     memory.MemoryPointer = MemoryPointer
     device.get_device_id = get_device_id
     device.Device = Device
@@ -111,7 +128,7 @@ def make(devices: int = 1):
     cuda.set_pinned_memory_allocator = set_pinned_memory_allocator
     cupy.cuda, cupy.empty = cuda, empty
     cupy.state, cupy.Stream = state, FakeStream
-    cupy.devices = devices
+    cupy.devices, cupy.gc_clear = devices, gc_clear
     return cupy
 
 

@@ -274,7 +274,7 @@ def test_hooks_and_their_resource_outlive_a_garbage_cycle_holding_a_block(sim4, 
     mr = StatisticsAdaptor(PoolResource(DeviceMemoryResource(0)))
     fn = mc.allocator(mr)
     mp = fn(1000)
-    free_ref, mr_ref = weakref.ref(mp.mem._free_func), weakref.ref(mr)
+    free_ref, mr_ref = weakref.ref(mp.mem._owner.free), weakref.ref(mr)
 
     class Box:
         pass
@@ -284,3 +284,27 @@ def test_hooks_and_their_resource_outlive_a_garbage_cycle_holding_a_block(sim4, 
     gc.collect()
     assert free_ref() is not None and mr_ref() is not None  # kept for the life of the process
     assert mr_ref().statistics.current_bytes == 0  # the block went back through its hook
+
+
+def test_a_block_whose_memory_object_the_collector_clears_first_still_goes_home(sim4, cupy, monkeypatch):
+    # CuPy's compiled memory objects in a garbage cycle are cleared (object fields set to None) before
+    # they are deallocated; a free function held by the memory object was gone by then ("Exception
+    # ignored ... 'NoneType' object is not callable") and the block never went back
+    import mrkit.cupy as mc
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    for mr in (PoolResource(DeviceMemoryResource(0)), StatisticsAdaptor(DeviceMemoryResource(0))):
+        fn = mc.allocator(mr)
+        blocks = [fn(n) for n in (1, 1000, 4096, 1 << 20)]
+        held = sum(mp.mem.size for mp in blocks)
+        assert _held(mr) == held
+        for mp in blocks:
+            cupy.gc_clear(mp.mem)  # what tp_clear does to the memory object first
+        del blocks, mp
+        assert unraisable == [] and _held(mr) == 0, [u.exc_value for u in unraisable]
+    empty = fn(0)  # size 0: a null pointer, no owner, nothing taken
+    assert empty.ptr == 0 and empty.mem.size == 0 and _held(mr) == 0
+
+
+def _held(mr):
+    return mr.live_bytes if isinstance(mr, PoolResource) else mr.statistics.current_bytes

@@ -166,7 +166,7 @@ def test_cupy_hooks_over_a_pool_are_the_pools_hot_path(sim, monkeypatch):
     pool = PoolResource(mrkit.DeviceMemoryResource())
     fn = mcupy.allocator(pool)
     mp = fn(1000)  # on CuPy's null stream
-    code = mp.mem._free_func.__code__  # the engine's hook variant itself, a real function in a real file
+    code = mp.mem._owner.free.__code__  # the engine's hook variant itself, a real function in a real file
     assert code.co_name == "_hook_free" and code.co_filename.endswith("_engine/_hot.py")
     s = Stream.create()
     fake.state["streams"][0] = fake.Stream(s.handle)
@@ -184,7 +184,7 @@ def test_cupy_hooks_over_a_pool_are_the_pools_hot_path(sim, monkeypatch):
         fn(64)
     fake.state["device"] = 0
     assert pool.live_bytes == 0
-    free = fn(64).mem._free_func
+    free = fn(64).mem._owner.free
     with pytest.raises(ValueError, match="does not hold"):
         free(0xdead00, 0)
 

@@ -39,12 +39,11 @@ it, allocates that much and reports it as ``mem.size`` (CuPy code may use the sl
 _exiting = [False]
 _late = [0, 0]  # frees that arrived during interpreter exit: [accepted, of which could not be done]
 _hooks_made: list = []
-"""Every ``(malloc, free)`` pair handed to CuPy, kept for the life of the process. CuPy's memory
-objects hold their free hook and call it from ``__dealloc__``, which for an object in a reference
-cycle runs *after* the garbage collector has cleared the other objects of the cycle: a hook (or the
-resource behind it) that was part of that garbage would be called half torn down (a function whose
-globals were cleared crashes the interpreter). Kept here, they are never garbage; neither are the
-resources they serve (as CuPy's own pools, they live until the process ends)."""
+"""Every ``(malloc, free)`` pair handed to CuPy, kept for the life of the process. Each block's
+owner (:class:`CupyBlock`) holds its free hook and calls it from its finalizer, which the collector
+runs before it clears anything of a cycle; the hooks and the resources behind them are kept here so
+that a finalizer never meets a half torn-down hook (as CuPy's own pools, they live until the
+process ends)."""
 
 
 def late_frees() -> tuple[int, int]:
@@ -146,6 +145,21 @@ def _generic_free(ptr, device_id):
     dealloc(ptr, entry[0], entry[1])
 
 
+class CupyBlock:
+    """The owner of one block handed to CuPy (``mem._owner`` of its ``UnownedMemory``): when CuPy drops
+    the memory, ``__del__`` gives ``ptr`` back through ``free``, the hook of the resource it came from.
+    Python runs finalizers of unreachable objects before the collector clears any of them, so this
+    holds for a block in a garbage cycle too; ``free`` is one of the hooks kept for the process."""
+
+    __slots__ = ("ptr", "device_id", "free")
+
+    def __init__(self, ptr: int, device_id: int, free) -> None:
+        self.ptr, self.device_id, self.free = ptr, device_id, free
+
+    def __del__(self) -> None:
+        self.free(self.ptr, self.device_id)
+
+
 class _Table(dict):
     """device -> (malloc hook, free hook); a dict that can be weakly referenced."""
 
@@ -168,7 +182,7 @@ def allocator(mr: MemoryResource | None = None):
     ``allocate``/``deallocate``. ``resource_of(fn)`` names the resource serving the current device."""
     cupy = _cupy()
     memory = cupy.cuda.memory
-    Memory, Pointer = memory.PythonFunctionAllocatorMemory, memory.MemoryPointer
+    Memory, Pointer = memory.UnownedMemory, memory.MemoryPointer
     get_device_id, get_stream = cupy.cuda.device.get_device_id, cupy.cuda.get_current_stream
     table = _Table()
     bind_lock = threading.Lock()
@@ -213,7 +227,11 @@ def allocator(mr: MemoryResource | None = None):
             m, f = table[dev]
         except KeyError:
             m, f = bind(dev)
-        return Pointer(Memory((size + 511) & -512, m, f, dev), 0)
+        n = (size + 511) & -512
+        if n == 0:
+            return Pointer(Memory(0, 0, None, dev), 0)
+        ptr = m(n, dev)
+        return Pointer(Memory(ptr, n, CupyBlock(ptr, dev, f), dev), 0)
 
     malloc.rounding = ALLOCATION_UNIT
     malloc.resource = mr
