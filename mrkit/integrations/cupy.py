@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import threading
-import types
 import weakref
 from contextlib import contextmanager
 
@@ -52,29 +51,11 @@ def late_frees() -> tuple[int, int]:
     return _late[0], _late[1]
 
 
-def _late_free(ptr, device_id):
-    """A free arriving while the interpreter exits: done if mrkit still can, never raising or printing."""
-    late[0] += 1
-    try:
-        inner(ptr, device_id)
-    except BaseException:
-        late[1] += 1
-
-
 @atexit.register
 def _at_exit() -> None:
-    """From here on every free hook CuPy holds runs :func:`_late_free` around its own body. The hooks'
-    globals are private dicts that interpreter teardown does not clear, so the guard still works when
-    module globals are gone. (atexit runs before module teardown; a swapped ``__code__`` keeps the very
-    function objects CuPy's memory objects hold.)"""
+    """From here on a free that fails is counted in :func:`late_frees`, not raised (CuPy frees what
+    its memory objects still hold while the interpreter exits)."""
     _exiting[0] = True
-    for _, fn in list(_hooks_made):
-        ns = fn.__globals__
-        if "inner" in ns or fn.__closure__:
-            continue
-        ns["inner"] = types.FunctionType(fn.__code__, ns, fn.__name__)
-        ns["late"] = _late
-        fn.__code__ = _late_free.__code__
 
 
 def _cupy():
@@ -103,61 +84,72 @@ def _stream_lookup():
     return cell, lookup
 
 
+def _foreign_free(ptr: int) -> None:
+    if not _exiting[0]:
+        raise ValueError(f"CuPy freed {ptr:#x}, which this allocator does not hold")
+
+
 def _hooks(mr: MemoryResource, get_stream):
-    """CuPy's ``(malloc(nbytes, device_id), free(ptr, device_id))`` over ``mr`` for ``device``: the
-    engine's own hook variant over a pool, else :func:`_generic_malloc`/:func:`_generic_free`."""
+    """CuPy's ``(malloc(nbytes, device_id), free(ptr, device_id))`` over ``mr``: the engine's own hook
+    variant over a pool, else :func:`_generic_hooks`."""
     cell, lookup = _stream_lookup()
-
-    def foreign_free(ptr: int) -> None:
-        if not _exiting[0]:
-            raise ValueError(f"CuPy freed {ptr:#x}, which this allocator does not hold")
-
     hooks = hot_paths(mr, "hook", current_stream=get_stream,
-                      seen=cell, remember=lookup, foreign_free=foreign_free)
+                      seen=cell, remember=lookup, foreign_free=_foreign_free)
     if hooks is None:
-        ns = {"__builtins__": __builtins__, "alloc": mr.allocate, "dealloc": mr.deallocate, "live": {},
-              "get_stream": get_stream, "cell": cell, "lookup": lookup, "foreign_free": foreign_free}
-        ns["live_pop"] = ns["live"].pop
-        hooks = (types.FunctionType(_generic_malloc.__code__, ns, "malloc"),
-                 types.FunctionType(_generic_free.__code__, ns, "free"))
+        hooks = _generic_hooks(mr, get_stream, cell, lookup)
     _hooks_made.append(hooks)
     return hooks
 
 
-# The generic hooks: templates whose globals are one resource's private namespace (see _hooks).
-def _generic_malloc(nbytes, device_id):
-    """Allocate ``nbytes`` from the resource on the caller's current CuPy stream of ``device_id``
-    (the device these hooks serve: ``allocator``'s ``malloc`` picks the hooks by device)."""
-    cs = get_stream(device_id)  # the id CuPy passes: spares CuPy a cudaGetDevice
-    ref, s = cell[0]  # the stream lookup, inlined: this runs on every cupy allocation
-    if ref() is not cs:
-        s = lookup(cs)
-    ptr = alloc(nbytes, s)
-    live[ptr] = (nbytes, s)  # each entry written once and popped once
-    return ptr
+def _generic_hooks(mr: MemoryResource, get_stream, cell: list, lookup):
+    """CuPy's hooks over any resource: its ``allocate``/``deallocate`` on the stream each block was
+    allocated on (remembered until the block is freed)."""
+    alloc, dealloc, live = mr.allocate, mr.deallocate, {}
+    live_pop, foreign_free = live.pop, _foreign_free
 
+    def malloc(nbytes, device_id):
+        """Allocate ``nbytes`` from the resource on the caller's current CuPy stream of ``device_id``
+        (the device these hooks serve: ``allocator``'s ``malloc`` picks the hooks by device)."""
+        cs = get_stream(device_id)  # the id CuPy passes: spares CuPy a cudaGetDevice
+        ref, s = cell[0]  # the stream lookup, inlined: this runs on every cupy allocation
+        if ref() is not cs:
+            s = lookup(cs)
+        ptr = alloc(nbytes, s)
+        live[ptr] = (nbytes, s)  # each entry written once and popped once
+        return ptr
 
-def _generic_free(ptr, device_id):
-    """Free ``ptr`` on the stream it was allocated on."""
-    entry = live_pop(ptr, None)
-    if entry is None:
-        return foreign_free(ptr)
-    dealloc(ptr, entry[0], entry[1])
+    def free(ptr, device_id):
+        """Free ``ptr`` on the stream it was allocated on."""
+        entry = live_pop(ptr, None)
+        if entry is None:
+            return foreign_free(ptr)
+        dealloc(ptr, entry[0], entry[1])
+
+    malloc.holds = live.__contains__
+    return malloc, free
 
 
 class CupyBlock:
     """The owner of one block handed to CuPy (``mem._owner`` of its ``UnownedMemory``): when CuPy drops
     the memory, ``__del__`` gives ``ptr`` back through ``free``, the hook of the resource it came from.
     Python runs finalizers of unreachable objects before the collector clears any of them, so this
-    holds for a block in a garbage cycle too; ``free`` is one of the hooks kept for the process."""
+    holds for a block in a garbage cycle too; ``free`` is one of the hooks kept for the process. During
+    interpreter exit a free that fails is counted (:func:`late_frees`), never printed."""
 
     __slots__ = ("ptr", "device_id", "free")
 
     def __init__(self, ptr: int, device_id: int, free) -> None:
         self.ptr, self.device_id, self.free = ptr, device_id, free
 
-    def __del__(self) -> None:
-        self.free(self.ptr, self.device_id)
+    def __del__(self, _exiting=_exiting, _late=_late, _BaseException=BaseException) -> None:
+        if not _exiting[0]:
+            self.free(self.ptr, self.device_id)
+            return
+        _late[0] += 1
+        try:
+            self.free(self.ptr, self.device_id)
+        except _BaseException:
+            _late[1] += 1
 
 
 class _Table(dict):
