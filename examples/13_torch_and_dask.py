@@ -27,7 +27,7 @@ if __name__ == "__main__":
     import distributed
     from mrkit.dask import MrkitSetup, gather_statistics
 
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                                   env=worker_env) as c, \
             distributed.Client(c) as client:
         client.register_plugin(MrkitSetup("statistics(pool(device))", statistics=False))

@@ -94,6 +94,7 @@ def _devices_json(drv) -> list[dict]:
 def cmd_info(args, out=None) -> int:
     out = out or sys.stdout
     from . import __version__
+    from ._engine import core_description, core_name
     from .driver import CudaDriver, SimDriver
 
     backend, why = _backend_story()
@@ -103,6 +104,7 @@ def cmd_info(args, out=None) -> int:
         data = {"mrkit": __version__, "python": platform.python_version(),
                 "packages": {p: _version(p) for p in ("cuda-bindings", "numpy", "cupy-cuda13x", "cupy-cuda12x",
                                                       "torch", "rich")},
+                "core": core_name(), "core_detail": core_description(),
                 "backend": "sim" if backend == "none" else backend, "reason": why,
                 "driver_version": drv.driver_version(), "devices": _devices_json(drv)}
         print(json.dumps(data, indent=2), file=out)
@@ -111,6 +113,7 @@ def cmd_info(args, out=None) -> int:
           f"(cuda-bindings {_version('cuda-bindings')}, numpy {_version('numpy')}, cupy "
           f"{_version('cupy-cuda13x') if _version('cupy-cuda13x') != 'not installed' else _version('cupy-cuda12x')})",
           file=out)
+    print(f"core: {core_description()}", file=out)
     if backend == "cuda":
         cuda = CudaDriver()
         print(f"backend in use: cuda, because {why}", file=out)

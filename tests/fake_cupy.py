@@ -5,13 +5,16 @@ As in ``cupy/cuda/memory.pyx``: ``PythonFunctionAllocatorMemory(size, malloc_fun
 device_id)`` calls ``malloc_func(size, device_id)`` when ``size > 0`` and, when dropped,
 ``free_func(ptr, device_id)``; ``UnownedMemory(ptr, size, owner, device_id)`` holds ``owner`` (whose
 own finalizer frees); ``BaseMemory.size`` is what CuPy code reads as the block's size;
-``device.get_device_id()`` is the current device; ``get_current_stream(device_id)`` that device's
+``CFunctionAllocator(param, malloc, free, owner)`` calls C functions by address (through
+``ctypes.PYFUNCTYPE``, which raises a Python error the function left set, as CuPy 14's ``except *``
+does); ``device.get_device_id()`` is the current device; ``get_current_stream(device_id)`` that device's
 current stream. ``gc_clear(mem)`` does to a memory object what the garbage collector's ``tp_clear``
 does to CuPy's (compiled, GC-tracked) classes when the object is part of a cycle: its object fields
 become ``None`` before it is deallocated. ``make()`` builds a fresh module; ``install()`` also puts it in ``sys.modules``.
 """
 from __future__ import annotations
 
+import ctypes
 import sys
 import threading
 import types
@@ -65,6 +68,29 @@ def make(devices: int = 1):
                 raise AssertionError("mrkit must pass the device: a lookup would cost a driver call")
             self.ptr, self.size, self._owner, self.device_id = ptr, size, owner, device_id
 
+    malloc_t = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    free_t = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
+
+    class CFunctionAllocatorMemory:
+        """No object fields: ``no_gc`` in CuPy, so the collector never clears it."""
+
+        def __init__(self, size, param, malloc_func, free_func, device_id):
+            self._param, self._free, self.device_id, self.size, self.ptr = param, free_func, device_id, size, 0
+            if size > 0:  # PYFUNCTYPE raises a Python error left set by the C function (CuPy: except *)
+                self.ptr = malloc_t(malloc_func)(param, size, device_id) or 0
+
+        def __del__(self):
+            if self.ptr:
+                free_t(self._free)(self._param, self.ptr, self.device_id)
+
+    class CFunctionAllocator:
+        def __init__(self, param, malloc_func, free_func, owner):
+            self._args, self._owner = (param, malloc_func, free_func), owner
+
+        def malloc(self, size):
+            p, m, f = self._args
+            return MemoryPointer(CFunctionAllocatorMemory(size, p, m, f, state["device"]), 0)
+
     def gc_clear(mem):
         """``tp_clear``: CuPy's memory classes with object fields have them set to ``None``."""
         if isinstance(mem, PythonFunctionAllocatorMemory):
@@ -117,6 +143,7 @@ def make(devices: int = 1):
     memory.PythonFunctionAllocatorMemory = PythonFunctionAllocatorMemory
     memory.PythonFunctionAllocator = PythonFunctionAllocator
     memory.UnownedMemory = UnownedMemory
+    memory.CFunctionAllocator, memory.CFunctionAllocatorMemory = CFunctionAllocator, CFunctionAllocatorMemory
     memory.MemoryPointer = MemoryPointer
     device.get_device_id = get_device_id
     device.Device = Device
@@ -126,7 +153,7 @@ def make(devices: int = 1):
     cuda.get_current_stream = get_current_stream
     cuda.set_allocator, cuda.get_allocator = set_allocator, lambda: state["allocator"]
     cuda.set_pinned_memory_allocator = set_pinned_memory_allocator
-    cupy.cuda, cupy.empty = cuda, empty
+    cupy.cuda, cupy.empty, cupy.__version__ = cuda, empty, "14.2.0"
     cupy.state, cupy.Stream = state, FakeStream
     cupy.devices, cupy.gc_clear = devices, gc_clear
     return cupy

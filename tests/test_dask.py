@@ -24,8 +24,8 @@ def cluster(tmp_path_factory):
     old = os.environ.get("MRKIT_BACKEND")
     os.environ["MRKIT_BACKEND"] = "sim"  # the worker processes inherit it
     try:
-        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                      worker_dashboard_address=None) as c, distributed.Client(c) as client:
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                                      worker_dashboard_address=":0") as c, distributed.Client(c) as client:
             yield client, tmp_path_factory.mktemp("logs")
     finally:
         if old is None:

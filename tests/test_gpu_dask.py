@@ -17,7 +17,7 @@ def test_dask_array_on_a_local_cuda_cluster_uses_mrkit(gpu):
     from mrkit.dask import MrkitSetup, gather_statistics
     x = da.random.RandomState(0).random_sample((3000, 3000), chunks=(1000, 1000))
     want = float((x @ x.T).sum().compute(scheduler="threads"))
-    with dask_cuda.LocalCUDACluster(n_workers=1, dashboard_address=None) as cluster, Client(cluster) as client:
+    with dask_cuda.LocalCUDACluster(n_workers=1, dashboard_address=":0") as cluster, Client(cluster) as client:
         client.register_plugin(MrkitSetup("pool", initial_pool_size=0.02, statistics=True))
         g = x.map_blocks(cupy.asarray)
         got = float((g @ g.T).sum().compute())

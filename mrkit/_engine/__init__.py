@@ -11,10 +11,10 @@ from __future__ import annotations
 from .._resource import MemoryResource
 from ._arena import GRAIN, Arena, ChunkSource, StreamState
 from ._freelist import FreeList, drain
-from ._hot import counting_paths, hook_paths, plain_paths
+from ._core import c_hooks, core_description, core_name, paths, python_core, rounding_call
 
 __all__ = ["Arena", "ChunkSource", "StreamState", "FreeList", "drain", "GRAIN", "CachingResource",
-           "hot_paths", "plain_paths", "counting_paths", "hook_paths"]
+           "hot_paths", "core_name", "core_description", "python_core", "c_hooks", "rounding_call"]
 
 
 class CachingResource(MemoryResource):
@@ -59,15 +59,16 @@ def hot_paths(resource, variant: str, **names):
     :class:`CachingResource` whose ``allocate``/``deallocate`` are the stock ones (a subclass that
     overrides them keeps its own behaviour).
 
-    ``variant``: ``"counting"`` (``events``, ``on_full``, ``limit``: see :func:`counting_paths`) or
-    ``"hook"`` (see :func:`hook_paths`)."""
+    ``variant``: ``"counting"`` (``events``, ``on_full``, ``limit``: see ``_hot.counting_paths``) or
+    ``"hook"`` (see ``_hot.hook_paths``), in the build the arena was made with."""
     arena = getattr(resource, "arena", None)
     if not isinstance(arena, Arena):
         return None
     if resource.allocate is not arena.allocate or resource.deallocate is not arena.deallocate:
         return None
+    build = arena.build
     if variant == "counting":
-        return counting_paths(arena, **names)
+        return build.counting_paths(arena, **names)
     if variant == "hook":
-        return hook_paths(arena, **names)
+        return build.hook_paths(arena, **names)
     raise ValueError(f"unsupported variant: {variant!r} (expected 'counting' or 'hook')")

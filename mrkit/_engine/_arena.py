@@ -15,7 +15,7 @@ from .._sizes import format_size
 from .._stream import DEFAULT_STREAM, Stream, as_stream, check_stream, device_scope
 from ..driver import Driver, get_driver
 from ._freelist import FreeList, drain
-from ._hot import plain_paths
+from ._core import paths as _paths
 
 __all__ = ["Arena", "ChunkSource", "StreamState", "GRAIN"]
 
@@ -225,7 +225,8 @@ class Arena:
         self.missed: dict[int, int] = {}  # size -> when it last missed the cache (see missed_again)
         self.misses = 0
         self._prepare = source.prepare if source.prepares else None
-        self.allocate, self.deallocate = plain_paths(self)
+        self.build = _paths()  # the hot path's build (compiled or Python), kept for its variants
+        self.allocate, self.deallocate = self.build.plain_paths(self)
 
     @property
     def owner(self):

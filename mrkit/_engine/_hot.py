@@ -211,7 +211,9 @@ def counting_paths(arena, events: list, on_full, limit: int, counted: dict):
 
 
 def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
-    """``(malloc(nbytes, device_id), free(ptr, device_id))`` over ``arena`` for allocator hooks:
+    """``(malloc(nbytes, device_id), free(ptr, device_id), holds(ptr), None)`` over ``arena`` for
+    allocator hooks (``holds``: whether a pointer is one of their live blocks; the compiled build
+    puts its ``HookPaths`` object last):
 
     the caller hands each device its own pair (CuPy's ``Memory`` passes back the device it was made
     with), so the hooks do not check it;
@@ -290,5 +292,4 @@ def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
         with lock:
             free_block(ptr, size, stream)
 
-    malloc.holds = where.__contains__  # whether a pointer is one of these hooks' live blocks
-    return malloc, free
+    return malloc, free, where.__contains__, None

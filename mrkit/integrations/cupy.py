@@ -24,7 +24,7 @@ from .. import _current
 from .._current import get_current_resource
 from .._resource import Buffer, MemoryResource
 from .._stream import DEFAULT_STREAM, as_stream
-from .._engine import hot_paths
+from .._engine import c_hooks, hot_paths, rounding_call
 from .._spec import build_resource, parse_spec
 from ..driver import get_driver
 
@@ -90,8 +90,8 @@ def _foreign_free(ptr: int) -> None:
 
 
 def _hooks(mr: MemoryResource, get_stream):
-    """CuPy's ``(malloc(nbytes, device_id), free(ptr, device_id))`` over ``mr``: the engine's own hook
-    variant over a pool, else :func:`_generic_hooks`."""
+    """CuPy's ``(malloc(nbytes, device_id), free(ptr, device_id), holds(ptr), core)`` over ``mr``: the
+    engine's own hook variant over a pool, else :func:`_generic_hooks` (``core`` is ``None``)."""
     cell, lookup = _stream_lookup()
     hooks = hot_paths(mr, "hook", current_stream=get_stream,
                       seen=cell, remember=lookup, foreign_free=_foreign_free)
@@ -104,7 +104,8 @@ def _hooks(mr: MemoryResource, get_stream):
 def _generic_hooks(mr: MemoryResource, get_stream, cell: list, lookup):
     """CuPy's hooks over any resource: its ``allocate``/``deallocate`` on the stream each block was
     allocated on (remembered until the block is freed)."""
-    alloc, dealloc, live = mr.allocate, mr.deallocate, {}
+    alloc, dealloc = mr.allocate, mr.deallocate
+    live: dict = {}
     live_pop, foreign_free = live.pop, _foreign_free
 
     def malloc(nbytes, device_id):
@@ -125,8 +126,7 @@ def _generic_hooks(mr: MemoryResource, get_stream, cell: list, lookup):
             return foreign_free(ptr)
         dealloc(ptr, entry[0], entry[1])
 
-    malloc.holds = live.__contains__
-    return malloc, free
+    return malloc, free, live.__contains__, None
 
 
 class CupyBlock:
@@ -150,6 +150,26 @@ class CupyBlock:
             self.free(self.ptr, self.device_id)
         except _BaseException:
             _late[1] += 1
+
+
+def _c_route(cupy, table: dict, bind):
+    """The compiled build's allocator entry point: CuPy's ``CFunctionAllocator`` calling the engine's
+    C hooks (no Python object per block; CuPy's memory object is never cleared by the collector), with
+    the 512-byte rounding in front; ``None`` in the Python build or with a CuPy older than 14 (whose
+    C route cannot raise a typed error)."""
+    cfa = getattr(cupy.cuda.memory, "CFunctionAllocator", None)
+    try:
+        major = int(str(getattr(cupy, "__version__", "0")).split(".")[0])
+    except ValueError:
+        major = 0
+    if cfa is None or major < 14:
+        return None
+    hooks = c_hooks(table, bind, _hooks_made, _exiting, _late)
+    if hooks is None:
+        return None
+    entry = rounding_call(cfa(*hooks.addresses, hooks).malloc, ALLOCATION_UNIT)
+    entry.hooks = hooks
+    return entry
 
 
 class _Table(dict):
@@ -213,19 +233,23 @@ def allocator(mr: MemoryResource | None = None):
             return True
         _current.on_change(drop)
 
-    def malloc(size):
-        dev = get_device_id()
-        try:
-            m, f = table[dev]
-        except KeyError:
-            m, f = bind(dev)
-        n = (size + 511) & -512
-        if n == 0:
-            return Pointer(Memory(0, 0, None, dev), 0)
-        ptr = m(n, dev)
-        return Pointer(Memory(ptr, n, CupyBlock(ptr, dev, f), dev), 0)
+    c_route = _c_route(cupy, table, bind)
+    if c_route is not None:
+        malloc = c_route
+    else:
+        def malloc(size):
+            dev = get_device_id()
+            try:
+                m, f, _, _ = table[dev]
+            except KeyError:
+                m, f, _, _ = bind(dev)
+            n = (size + 511) & -512
+            if n == 0:
+                return Pointer(Memory(0, 0, None, dev), 0)
+            ptr = m(n, dev)
+            return Pointer(Memory(ptr, n, CupyBlock(ptr, dev, f), dev), 0)
 
-    malloc.rounding = ALLOCATION_UNIT
+        malloc.rounding = ALLOCATION_UNIT
     malloc.resource = mr
     malloc.resource_for = lambda dev: mr if mr is not None else resources.get(dev) or get_current_resource(dev)
     return malloc

@@ -35,6 +35,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from .._engine import python_core
+
 __all__ = ["Schedule", "ControlledLock", "controlled_locks", "run_controlled", "InterleavingError",
            "Step", "default_points"]
 
@@ -457,10 +459,13 @@ def _waiting_on(ctl: Controller, lock: ControlledLock) -> list[_Thread]:
 @contextmanager
 def controlled_locks():
     """Inside this block ``threading.Lock()`` and ``threading.RLock()`` make :class:`ControlledLock`
-    objects: build the resource under test here and its locks become scheduling points."""
+    objects: build the resource under test here and its locks become scheduling points. mrkit's
+    caching resources built here run the engine's Python build (its lock-free steps are Python lines,
+    so they are scheduling points; the compiled build has the same semantics)."""
     threading.Lock = lambda: ControlledLock()  # type: ignore[assignment]
     threading.RLock = lambda: ControlledLock(reentrant=True)  # type: ignore[assignment]
     try:
-        yield
+        with python_core():
+            yield
     finally:
         threading.Lock, threading.RLock = _RealLock, _RealRLock  # type: ignore[assignment]

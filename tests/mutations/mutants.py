@@ -57,17 +57,17 @@ MUTANTS = [
            "        i = max(0, bisect_left(sizes, size) - 1)\n        if i == len(sizes):\n            return None\n        bsize", POOLS + VMMS[:1]),
     # -- the hot path -------------------------------------------------------------------------------
     Mutant("a cache hit is not recorded as live", "_engine/_hot.py",
-           "                live[ptr] = nbytes\n                return ptr",
-           "                return ptr", POOLS),
+           "                    live[ptr] = nbytes\n                    return ptr",
+           "                    return ptr", POOLS),
     Mutant("a lock-free free caches under the wrong size", "_engine/_hot.py",
-           "    size = (nbytes + 255) & -256\n    st = states_get(stream.uid)\n    if st is not None:\n        cache = st.cache",
-           "    size = (nbytes + 511) & -256\n    st = states_get(stream.uid)\n    if st is not None:\n        cache = st.cache",
+           "        size = (nbytes + 255) & -256\n        st = states_get(stream.uid)\n        if st is not None:\n            cache = st.cache",
+           "        size = (nbytes + 511) & -256\n        st = states_get(stream.uid)\n        if st is not None:\n            cache = st.cache",
            POOLS),
     # -- races between threads (found by the controlled interleavings of mrkit.testing.race_test) ------
     Mutant("race: a free appends to a cache list a flush has just detached", "_engine/_hot.py",
-           "                if st.cache is cache:  # rule 3: still attached, so the block is where it belongs\n"
-           "                    return\n                with lock:\n                    rescue(lst, size, stream)\n                return",
-           "                return", POOLS, kit="races"),
+           "                    if st.cache is cache:  # rule 3: still attached, so the block is where it belongs\n"
+           "                        return\n                    with lock:\n                        rescue(lst, size, stream)\n                    return",
+           "                    return", POOLS, kit="races"),
     Mutant("race: a flush drains the lists before swapping the dict", "_engine/_arena.py",
            "        if keep:\n            self.cache = {s: [] for s in old}\n        else:\n            self.cache, self.hot = {}, []\n"
            "        self._drain(old, boundaries)",

@@ -44,8 +44,13 @@ def apply(m: Mutant, where: Path) -> None:
 
 
 def run_kit_on(pythonpath: Path | None, targets, profile: str, timeout: float,
-               kit: str = "machine") -> subprocess.CompletedProcess | None:
+               kit: str = "machine", python_core: bool = False) -> subprocess.CompletedProcess | None:
+    """The kit on ``targets`` in a subprocess; ``python_core``: with the engine's Python build forced
+    (a bug planted in ``_engine/_hot.py`` lives only there; every other mutant runs on the build that
+    is installed, compiled or not)."""
     env = dict(os.environ, HYPOTHESIS_PROFILE=profile, PYTHONDONTWRITEBYTECODE="1", MRKIT_TEST_BACKEND="sim")
+    if python_core:
+        env["MRKIT_NO_EXTENSIONS"] = "1"
     env.pop("MRKIT_RESOURCE", None)
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
@@ -62,7 +67,7 @@ def run_one(m: Mutant, profile: str, timeout: float) -> Outcome:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mrkit-mutant-") as tmp:
         apply(m, Path(tmp))
-        proc = run_kit_on(Path(tmp), m.targets, profile, timeout, m.kit)
+        proc = run_kit_on(Path(tmp), m.targets, profile, timeout, m.kit, python_core=m.path == "_engine/_hot.py")
     dt = time.perf_counter() - t0
     if proc is None:
         return Outcome(m.name, False, f"the kit hung (no verdict within {timeout:.0f} s)", dt)

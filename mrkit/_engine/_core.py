@@ -1,0 +1,64 @@
+"""Which build of the hot path runs: the compiled one (``_hotc``, Cython) when it was built and
+``MRKIT_NO_EXTENSIONS`` is not set, else the Python one (``_hot``). Both have one semantics.
+
+:func:`python_core` makes arenas built inside it use the Python build whatever is installed: the
+testing kit builds its resources there, because its controlled interleavings switch threads at Python
+lines (and the mutation suite plants its bugs in Python source)."""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+from . import _hot
+
+_forced = [0]
+_reason = ""
+try:
+    if os.environ.get("MRKIT_NO_EXTENSIONS", "").strip() not in ("", "0"):
+        raise ImportError("MRKIT_NO_EXTENSIONS is set")
+    from . import _hotc  # type: ignore[attr-defined]
+except ImportError as exc:  # no compiler where it was installed, or forced off
+    _hotc = None
+    _reason = str(exc) if "MRKIT_NO_EXTENSIONS" in str(exc) else "the extension is not built"
+
+
+def core_name() -> str:
+    """``"compiled"`` or ``"python"``: the build new arenas use now."""
+    return "compiled" if _hotc is not None and not _forced[0] else "python"
+
+
+def core_description() -> str:
+    """One line for ``mrkit info``: which core runs and, for the Python one, why."""
+    if _hotc is not None:
+        return f"compiled (Cython, {os.path.basename(_hotc.__file__)})"
+    if "MRKIT_NO_EXTENSIONS" in _reason:
+        return f"python ({_reason})"
+    return f"python ({_reason}: install with a C compiler present for the compiled core)"
+
+
+def paths():
+    """The module whose ``plain_paths``/``counting_paths``/``hook_paths`` new arenas use."""
+    return _hotc if _hotc is not None and not _forced[0] else _hot
+
+
+def c_hooks(table: dict, bind, made: list, exiting: list, late: list):
+    """Allocator hooks callable from C over ``table`` (see ``_hotc.CHooks``), or ``None`` in the
+    Python build."""
+    if _hotc is None or _forced[0]:
+        return None
+    return _hotc.CHooks(table, bind, made, exiting, late)
+
+
+def rounding_call(inner, unit: int):
+    """``call(size) -> inner(size rounded up to unit)``, compiled (``None`` in the Python build)."""
+    return None if _hotc is None else _hotc.RoundingCall(inner, unit)
+
+
+@contextmanager
+def python_core():
+    """Arenas (and integration hooks) built inside use the Python build."""
+    _forced[0] += 1
+    try:
+        yield
+    finally:
+        _forced[0] -= 1

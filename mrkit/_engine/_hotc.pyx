@@ -1,0 +1,378 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, binding=False
+"""The arena's hot path in the compiled build: ``cdef`` classes over one arena's structures.
+
+The same three variants as :mod:`mrkit._engine._hot` (the Python build), step for step, so both builds
+keep one semantics: the lock-free part uses only single operations on built-in objects, each done
+under the GIL as one C call (``states.get``, a cache list's ``pop``/``append``, ``live[ptr] = n``,
+``live.pop(ptr)``); every other step is the arena's own Python code under ``arena.lock``.
+
+:class:`CHooks` adds allocator hooks callable from C (``void *malloc(void *self, size_t n, int
+device)``, ``void free(void *self, void *ptr, int device)``), the signature of CuPy's
+``CFunctionAllocator``: no Python object per block, no frame per call.
+"""
+from cpython.dict cimport PyDict_GetItem
+from cpython.ref cimport PyObject
+from libc.stdint cimport intptr_t
+
+from mrkit._resource import DEFAULT_ALIGNMENT
+from mrkit._stream import Stream
+from mrkit._engine._hot import checked_free_args
+
+cdef object _Stream = Stream
+cdef object _DEFAULT = DEFAULT_ALIGNMENT
+cdef object _checked = checked_free_args
+
+
+cdef class _Base:
+    """What every variant reads: the arena's live table, states, lock and locked steps."""
+    cdef dict live
+    cdef object states, states_get, lock, acquire, release
+    cdef bint ordered
+    cdef object take, to_stream, allocate_slow, deallocate_slow, rescue, free_block
+
+    def __init__(self, arena):
+        self.live = arena.live
+        self.states = arena.states
+        self.ordered = type(arena.states) is dict  # else one state for every stream (its own get)
+        self.states_get = arena.states.get
+        self.lock = arena.lock
+        self.acquire, self.release = arena.lock.acquire, arena.lock.release
+        self.take, self.to_stream = arena.take, arena.as_stream
+        self.allocate_slow, self.deallocate_slow = arena.allocate_slow, arena.deallocate_slow
+        self.rescue, self.free_block = arena.rescue, arena.free_block
+
+    cdef inline object state_of(self, object stream):
+        if self.ordered:
+            return (<dict>self.states).get(stream.uid)
+        return self.states_get(stream.uid)
+
+    cdef inline object cached_pop(self, object stream, object size):
+        """A block of ``size`` from ``stream``'s cache, lock-free, or None."""
+        st = self.state_of(stream)
+        if st is None:
+            return None
+        cache = st.cache
+        if cache is None:  # retired
+            return None
+        lst = (<dict>cache).get(size)
+        if not lst:
+            return None
+        try:
+            return (<list>lst).pop()
+        except IndexError:  # another thread took the last one
+            return None
+
+    cdef inline object locked_take(self, object size, object stream, object nbytes):
+        self.acquire()
+        try:
+            ptr = self.take(size, stream)
+            self.live[ptr] = nbytes
+        finally:
+            self.release()
+        return ptr
+
+    cdef inline int cache_or_free(self, object ptr, object size, object stream) except -1:
+        """Put a freed block (no longer live) in its stream's cache if the size is hot, else in the
+        free list under the lock; rule 3 (publish, then validate) as in the Python build."""
+        st = self.state_of(stream)
+        if st is not None:
+            cache = st.cache
+            if cache is not None:
+                lst = (<dict>cache).get(size)
+                if lst is not None:
+                    (<list>lst).append(ptr)
+                    if st.cache is cache:
+                        return 0
+                    self.acquire()
+                    try:
+                        self.rescue(lst, size, stream)
+                    finally:
+                        self.release()
+                    return 0
+        self.acquire()
+        try:
+            self.free_block(ptr, size, stream)
+        finally:
+            self.release()
+        return 0
+
+    cdef inline int locked_free(self, ptr, nbytes, stream, alignment) except -1:
+        self.acquire()
+        try:
+            self.deallocate_slow(ptr, nbytes, stream, alignment)
+        finally:
+            self.release()
+        return 0
+
+
+cdef inline bint _fast_size(object nbytes) except -1:
+    """An exact int request the cache can serve (anything else takes the arena's checked path)."""
+    return type(nbytes) is int and nbytes > 0
+
+
+cdef class PlainPaths(_Base):
+    """``allocate``/``deallocate``: a caching resource's own methods."""
+
+    def allocate(self, nbytes, stream, alignment=256):
+        """Allocate ``nbytes`` for work on ``stream``: an exact-size cache hit takes no lock."""
+        if type(stream) is not _Stream:
+            stream = self.to_stream(stream)
+        if alignment is not _DEFAULT or not _fast_size(nbytes):
+            return self.allocate_slow(nbytes, stream, alignment)
+        size = (nbytes + 255) & -256
+        ptr = self.cached_pop(stream, size)
+        if ptr is not None:
+            self.live[ptr] = nbytes
+            return ptr
+        return self.locked_take(size, stream, nbytes)
+
+    def deallocate(self, ptr, nbytes, stream, alignment=256):
+        """Return ``ptr`` (``nbytes`` as allocated) on ``stream``."""
+        if type(stream) is not _Stream:
+            stream = self.to_stream(stream)
+        if type(nbytes) is not int or alignment is not _DEFAULT:
+            nbytes, alignment = _checked(nbytes, alignment)
+            if alignment > 256:
+                self.locked_free(ptr, nbytes, stream, alignment)
+                return
+        n = self.live.pop(ptr, None)
+        if n is None or n != nbytes:  # zero, aligned blocks, and every error: the locked path decides
+            if n is not None:
+                self.live[ptr] = n
+            self.locked_free(ptr, nbytes, stream, alignment)
+            return
+        self.cache_or_free(ptr, (nbytes + 255) & -256, stream)
+
+
+cdef class CountingPaths(_Base):
+    """:class:`PlainPaths` that append ``+nbytes``/``-nbytes`` to an event list."""
+    cdef list events
+    cdef object on_full
+    cdef Py_ssize_t limit
+    cdef dict counted
+
+    def __init__(self, arena, events, on_full, limit, counted):
+        _Base.__init__(self, arena)
+        self.events, self.on_full, self.limit, self.counted = events, on_full, limit, counted
+
+    cdef int free_slow(self, ptr, nbytes, stream, alignment) except -1:
+        c = self.counted.pop(ptr, None)  # forgotten first: once freed, another thread may get ptr again
+        try:
+            self.locked_free(ptr, nbytes, stream, alignment)
+        except BaseException:
+            if c is not None:
+                self.counted[ptr] = c
+            raise
+        if c is not None:
+            self.events.append(-nbytes)
+            if len(self.events) > self.limit:
+                self.on_full()
+        return 0
+
+    def allocate(self, nbytes, stream, alignment=256):
+        """Allocate as the arena does, and count it."""
+        if type(stream) is not _Stream:
+            stream = self.to_stream(stream)
+        if alignment is not _DEFAULT or not _fast_size(nbytes):
+            ptr = self.allocate_slow(nbytes, stream, alignment)
+            if ptr:
+                n = nbytes.__index__()
+                self.counted[ptr] = n
+                self.events.append(n)
+            return ptr
+        size = (nbytes + 255) & -256
+        ptr = self.cached_pop(stream, size)
+        if ptr is not None:
+            self.live[ptr] = nbytes
+        else:
+            ptr = self.locked_take(size, stream, nbytes)
+        self.counted[ptr] = nbytes
+        self.events.append(nbytes)
+        return ptr
+
+    def deallocate(self, ptr, nbytes, stream, alignment=256):
+        """Free as the arena does, and count it (pending events stay within ``limit`` + live blocks)."""
+        if type(stream) is not _Stream:
+            stream = self.to_stream(stream)
+        if type(nbytes) is not int or alignment is not _DEFAULT:
+            nbytes, alignment = _checked(nbytes, alignment)
+            if alignment > 256:
+                self.free_slow(ptr, nbytes, stream, alignment)
+                return
+        n = self.live.pop(ptr, None)
+        if n is None or n != nbytes:
+            if n is not None:
+                self.live[ptr] = n
+            self.free_slow(ptr, nbytes, stream, alignment)
+            return
+        if self.counted.pop(ptr, None) is not None:  # memory the adaptor never counted goes home uncounted
+            self.events.append(-nbytes)
+            if len(self.events) > self.limit:
+                self.on_full()
+        self.cache_or_free(ptr, (nbytes + 255) & -256, stream)
+
+
+cdef class HookPaths(_Base):
+    """``malloc(nbytes, device_id)``/``free(ptr, device_id)`` for hooks that name no stream."""
+    cdef object current_stream, remember, foreign_free
+    cdef list seen
+    cdef readonly dict where
+
+    def __init__(self, arena, current_stream, seen, remember, foreign_free):
+        _Base.__init__(self, arena)
+        self.current_stream, self.seen = current_stream, seen
+        self.remember, self.foreign_free = remember, foreign_free
+        self.where = {}
+
+    cdef object malloc_c(self, object nbytes, int device_id):
+        cs = self.current_stream(device_id)
+        ref, stream = <tuple>self.seen[0]
+        if ref() is not cs:
+            stream = self.remember(cs)
+        if not _fast_size(nbytes):
+            ptr = self.allocate_slow(nbytes, stream, 256)
+            if ptr:
+                self.where[ptr] = stream
+            return ptr
+        size = (nbytes + 255) & -256
+        ptr = self.cached_pop(stream, size)
+        if ptr is not None:
+            self.live[ptr] = nbytes
+        else:
+            ptr = self.locked_take(size, stream, nbytes)
+        self.where[ptr] = stream
+        return ptr
+
+    cdef int free_c(self, object ptr, int device_id) except -1:
+        stream = self.where.pop(ptr, None)
+        if stream is None:
+            self.foreign_free(ptr)
+            return 0
+        nbytes = self.live.pop(ptr, None)
+        if nbytes is None:  # cannot happen while ``where`` and ``live`` agree; the lock decides
+            self.locked_free(ptr, -1, stream, 256)
+            return 0
+        self.cache_or_free(ptr, (nbytes + 255) & -256, stream)
+        return 0
+
+    def malloc(self, nbytes, device_id):
+        """Allocate ``nbytes`` on the caller's current stream of ``device_id``."""
+        return self.malloc_c(nbytes, device_id)
+
+    def free(self, ptr, device_id):
+        """Free ``ptr`` on the stream it was allocated on."""
+        self.free_c(ptr, device_id)
+
+    def holds(self, ptr):
+        """Whether ``ptr`` is one of these hooks' live blocks."""
+        return ptr in self.where
+
+
+cdef class CHooks:
+    """Allocator hooks callable from C over a table ``device -> (malloc, free, holds, core)``: entries
+    made by :func:`hook_paths` (``core`` their :class:`HookPaths`) run without a Python call; others
+    are called as Python functions.
+
+    ``bind(device)`` fills a missing entry (and may raise); ``made`` lists every entry ever made,
+    newest last, for blocks whose entry has been replaced since; ``exiting[0]`` true means the
+    interpreter is exiting: a free that fails is counted in ``late`` (``[accepted, not_done]``)."""
+    cdef object table  # a dict (or a subclass: read with PyDict_GetItem)
+    cdef object bind
+    cdef list made, late, exiting
+
+    def __init__(self, table, bind, made, exiting, late):
+        if not isinstance(table, dict):
+            raise TypeError(f"table must be a dict, not {type(table).__name__}")
+        self.table, self.bind, self.made, self.exiting, self.late = table, bind, made, exiting, late
+
+    @property
+    def addresses(self):
+        """``(param, malloc, free)`` as integers, for ``cupy.cuda.memory.CFunctionAllocator``
+        (keep this object alive as its owner)."""
+        return (<intptr_t><void*>self, <intptr_t>&_c_malloc, <intptr_t>&_c_free)
+
+    cdef object entry(self, int device_id):
+        cdef PyObject *r = PyDict_GetItem(self.table, device_id)
+        if r is NULL:
+            return self.bind(device_id)
+        return <object>r
+
+    cdef int free_c(self, object ptr, int device_id) except -1:
+        cdef PyObject *r = PyDict_GetItem(self.table, device_id)
+        e = None if r is NULL else <object>r
+        if e is None or not _holds(e, ptr):
+            for old in reversed(self.made):
+                if _holds(old, ptr):
+                    e = old
+                    break
+            else:
+                if e is None:
+                    raise ValueError(f"a free of {ptr:#x}, which these hooks do not hold")
+        core = (<tuple>e)[3]
+        if core is not None:
+            (<HookPaths>core).free_c(ptr, device_id)
+        else:
+            (<tuple>e)[1](ptr, device_id)
+        return 0
+
+
+cdef inline bint _holds(object e, object ptr) except -1:
+    core = (<tuple>e)[3]
+    if core is not None:
+        return ptr in (<HookPaths>core).where
+    return bool((<tuple>e)[2](ptr))
+
+
+cdef void *_c_malloc(void *param, size_t nbytes, int device_id) except NULL with gil:
+    self = <CHooks>param
+    e = self.entry(device_id)
+    core = (<tuple>e)[3]
+    if core is not None:
+        ptr = (<HookPaths>core).malloc_c(nbytes, device_id)
+    else:
+        ptr = (<tuple>e)[0](nbytes, device_id)
+    return <void*><intptr_t>ptr
+
+
+cdef void _c_free(void *param, void *ptr, int device_id) noexcept with gil:
+    # an error is reported as a Python finalizer's would be (sys.unraisablehook), never raised
+    self = <CHooks>param
+    p = <intptr_t>ptr
+    if not self.exiting[0]:
+        self.free_c(p, device_id)
+        return
+    self.late[0] += 1
+    try:
+        self.free_c(p, device_id)
+    except BaseException:
+        self.late[1] += 1
+
+
+cdef class RoundingCall:
+    """``call(size)`` calls ``inner(size rounded up to unit)``: an allocator entry point with a
+    rounding contract (CuPy's 512 bytes) and attributes of its own."""
+    cdef object inner
+    cdef Py_ssize_t mask
+    cdef readonly Py_ssize_t rounding
+    cdef public object resource, resource_for, hooks
+
+    def __init__(self, inner, unit):
+        self.inner, self.rounding, self.mask = inner, unit, unit - 1
+
+    def __call__(self, size):
+        return self.inner((size + self.mask) & ~self.mask)
+
+
+def plain_paths(arena):
+    p = PlainPaths(arena)
+    return p.allocate, p.deallocate
+
+
+def counting_paths(arena, events, on_full, limit, counted):
+    p = CountingPaths(arena, events, on_full, limit, counted)
+    return p.allocate, p.deallocate
+
+
+def hook_paths(arena, *, current_stream, seen, remember, foreign_free):
+    p = HookPaths(arena, current_stream, seen, remember, foreign_free)
+    return p.malloc, p.free, p.holds, p

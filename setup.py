@@ -1,0 +1,47 @@
+"""Build the optional compiled core (``mrkit/_engine/_hotc.pyx``, Cython).
+
+Where Cython or a C compiler is missing, or ``MRKIT_NO_EXTENSIONS=1`` is set, mrkit installs as pure
+Python and runs the same semantics from ``mrkit/_engine/_hot.py``; ``mrkit info`` says which core runs.
+Everything else is in ``pyproject.toml``."""
+import os
+import sys
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+SKIP = os.environ.get("MRKIT_NO_EXTENSIONS", "").strip() not in ("", "0")
+
+
+class OptionalBuildExt(build_ext):
+    """``build_ext`` that falls back to pure Python instead of failing the install."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as exc:  # no compiler, no headers
+            self._skip(exc)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            self._skip(exc)
+
+    def _skip(self, exc):
+        print(f"mrkit: the compiled core was not built ({exc}); installing the pure-Python core",
+              file=sys.stderr)
+
+
+def extensions():
+    if SKIP:
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        print("mrkit: Cython is not available; installing the pure-Python core", file=sys.stderr)
+        return []
+    return cythonize(["mrkit/_engine/_hotc.pyx"], compiler_directives={"language_level": 3},
+                     quiet=True)
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})
