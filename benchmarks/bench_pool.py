@@ -58,6 +58,10 @@ def _explicit_stream_peer(a, f, args, streams, footprint):
 
 def mrkit_peer(kind, streams):
     base = DeviceMemoryResource(0)
+    if kind == "vmm":
+        from mrkit import VirtualMemoryResource
+        vmm = VirtualMemoryResource(0)
+        return _explicit_stream_peer(vmm.allocate, vmm.deallocate, streams, streams, lambda: vmm.mapped_bytes)
     pool = PoolResource(base)
     mr = {"pool": pool, "stats": StatisticsAdaptor(pool), "log": LoggingAdaptor(pool, io.StringIO()),
           "driver-pool": base}[kind]

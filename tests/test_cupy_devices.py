@@ -309,3 +309,20 @@ def test_a_block_whose_memory_object_the_collector_clears_first_still_goes_home(
 
 def _held(mr):
     return mr.live_bytes if isinstance(mr, PoolResource) else mr.statistics.current_bytes
+
+
+def test_a_block_outliving_its_allocator_still_goes_home(sim4, cupy):
+    # CuPy's CFunctionAllocatorMemory keeps only the address of mrkit's C hooks, not a reference: the
+    # hooks must outlive the allocator (a replaced allocator whose hooks died crashed the interpreter
+    # at the next free of one of its blocks)
+    import gc
+    import mrkit.cupy as mc
+    mr = StatisticsAdaptor(PoolResource(DeviceMemoryResource(0)))
+    fn = mc.allocator(mr)
+    blocks = [fn(n) for n in (1, 1000, 1 << 20)]
+    del fn
+    gc.collect()
+    assert mr.statistics.current_bytes == sum(b.mem.size for b in blocks)
+    del blocks
+    gc.collect()
+    assert mr.statistics.current_bytes == 0

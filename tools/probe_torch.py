@@ -68,3 +68,59 @@ elif case == "limit_retry":
                 print("MemPool.empty_cache exists:", mp_cache is not None)
             except Exception as e:
                 print(e)
+elif case.startswith("release_"):
+    # which call, made from inside mrkit's refused alloc callback, gives the MemPool's cached segments
+    # back so that a retry fits: release_empty (torch._C._cuda_emptyCache()), release_pool
+    # (torch.cuda.empty_cache with the pool's id, where it takes one), release_mp (MemPool method)
+    import inspect
+    print("emptyCache doc:", (torch._C._cuda_emptyCache.__doc__ or "")[:300])
+    print("MemPool:", [n for n in dir(torch.cuda.MemPool) if not n.startswith("__")])
+    try:
+        print("empty_cache sig:", inspect.signature(torch.cuda.memory.empty_cache))
+    except Exception as e:
+        print(e)
+    lim = mrkit.LimitingAdaptor(mrkit.PoolResource(mrkit.DeviceMemoryResource(0)), 256 * MiB)
+    a = mt.allocator(lim)
+    mp = torch.cuda.MemPool(a.allocator)
+    inner = a.alloc
+    calls = []
+
+    def alloc(size, device, stream):
+        p = inner(size, device, stream)
+        if p is None:
+            calls.append(size)
+            try:
+                if case == "release_empty":
+                    torch._C._cuda_emptyCache()
+                elif case == "release_pool":
+                    torch._C._cuda_emptyCache(mp.id)
+                elif case == "release_mp":
+                    mp.empty_cache()
+            except Exception as e:
+                print("release call raised", type(e).__name__, str(e)[:200])
+            print("  in callback after release: mrkit used", lim.used_bytes)
+            p = inner(size, device, stream)
+        return p
+    import ctypes
+    import mrkit.integrations.torch as mit
+    a._c_alloc = mit._ALLOC(alloc)
+    a.allocator = torch._C._cuda_customAllocator(ctypes.cast(a._c_alloc, ctypes.c_void_p).value,
+                                                 ctypes.cast(a._c_free, ctypes.c_void_p).value)
+    mp = torch.cuda.MemPool(a.allocator)
+    with torch.cuda.use_mem_pool(mp):
+        ts = []
+        try:
+            while True:
+                ts.append(torch.empty(64 * MiB, dtype=torch.uint8, device="cuda"))
+        except torch.cuda.OutOfMemoryError:
+            print(case, ": OOM after", len(ts), "tensors; mrkit used", lim.used_bytes)
+        del ts
+        torch.cuda.synchronize()
+        try:
+            big = torch.empty(200 * MiB, dtype=torch.uint8, device="cuda")
+            big.fill_(3)
+            torch.cuda.synchronize()
+            print(case, ": 200 MiB after freeing: OK, sum", int(big[:10].sum()), "mrkit used", lim.used_bytes)
+        except torch.cuda.OutOfMemoryError:
+            print(case, ": 200 MiB after freeing: OOM again; mrkit used", lim.used_bytes)
+    print(case, "stats reserved", torch.cuda.memory_reserved())

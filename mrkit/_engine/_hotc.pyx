@@ -323,7 +323,8 @@ cdef inline bint _holds(object e, object ptr) except -1:
     return bool((<tuple>e)[2](ptr))
 
 
-cdef void *_c_malloc(void *param, size_t nbytes, int device_id) except NULL with gil:
+cdef void *_c_malloc(void *param, size_t nbytes, int device_id) except NULL:
+    # called with the GIL held (CuPy allocates from Python code)
     self = <CHooks>param
     e = self.entry(device_id)
     core = (<tuple>e)[3]
@@ -334,7 +335,8 @@ cdef void *_c_malloc(void *param, size_t nbytes, int device_id) except NULL with
     return <void*><intptr_t>ptr
 
 
-cdef void _c_free(void *param, void *ptr, int device_id) noexcept with gil:
+cdef void _c_free(void *param, void *ptr, int device_id) noexcept:
+    # called with the GIL held (CuPy frees from a memory object's deallocator)
     # an error is reported as a Python finalizer's would be (sys.unraisablehook), never raised
     self = <CHooks>param
     p = <intptr_t>ptr

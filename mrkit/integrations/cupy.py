@@ -45,6 +45,12 @@ that a finalizer never meets a half torn-down hook (as CuPy's own pools, they li
 process ends)."""
 
 
+_c_kept: list = []
+"""Every C hook object (and its ``CFunctionAllocator``) handed to CuPy, kept for the life of the
+process: CuPy's ``CFunctionAllocatorMemory`` keeps only the object's address and calls it when it dies,
+however long after the allocator was replaced."""
+
+
 def late_frees() -> tuple[int, int]:
     """``(accepted, not_done)``: frees CuPy made during interpreter exit (all accepted silently;
     ``not_done`` of them found mrkit already torn down, and their memory goes with the process)."""
@@ -167,7 +173,9 @@ def _c_route(cupy, table: dict, bind):
     hooks = c_hooks(table, bind, _hooks_made, _exiting, _late)
     if hooks is None:
         return None
-    entry = rounding_call(cfa(*hooks.addresses, hooks).malloc, ALLOCATION_UNIT)
+    c_allocator = cfa(*hooks.addresses, hooks)
+    _c_kept.append((hooks, c_allocator))  # CuPy's memory objects hold only the address of ``hooks``
+    entry = rounding_call(c_allocator.malloc, ALLOCATION_UNIT)
     entry.hooks = hooks
     return entry
 
