@@ -1,0 +1,86 @@
+"""The two builds of the engine's hot path (compiled ``_hotc``, Python ``_hot``) have one semantics,
+and the build in use is visible."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import mrkit
+from mrkit import DeviceMemoryResource, PoolResource, StatisticsAdaptor, Stream
+from mrkit._engine import core_name, python_core
+
+compiled = pytest.mark.skipif(core_name() != "compiled", reason="the compiled core is not built here "
+                              "(no C compiler at install time, or MRKIT_NO_EXTENSIONS=1)")
+
+
+def _run(env_extra) -> str:
+    env = dict(os.environ, **env_extra)
+    return subprocess.run([sys.executable, "-m", "mrkit", "info"], env=env, capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_info_names_the_core_and_the_switch_forces_python():
+    assert "core: python (MRKIT_NO_EXTENSIONS is set)" in _run({"MRKIT_NO_EXTENSIONS": "1"})
+    import importlib.util
+    built = importlib.util.find_spec("mrkit._engine._hotc") is not None
+    line = next(ln for ln in _run({"MRKIT_NO_EXTENSIONS": "0"}).splitlines() if ln.startswith("core:"))
+    assert line.startswith("core: compiled" if built else "core: python (the extension is not built")
+
+
+def test_python_core_builds_python_paths(sim):
+    with python_core():
+        assert core_name() == "python"
+        pool = PoolResource(DeviceMemoryResource())
+    assert pool.allocate.__code__.co_filename.endswith(os.path.join("_engine", "_hot.py"))
+
+
+ops = st.lists(st.tuples(st.sampled_from(["a", "f", "f", "trim", "bad"]), st.integers(0, 9),
+                         st.sampled_from([0, 1, 255, 256, 4096, 5000, 1 << 20]), st.integers(0, 1)),
+               min_size=1, max_size=60)
+
+
+def _trace(make, steps):
+    """What a resource answers to ``steps``: pointers, errors and held bytes after each."""
+    from mrkit.driver import SimDriver, set_backend
+    drv = SimDriver()
+    set_backend(drv)
+    mr = make()
+    streams = [mrkit.DEFAULT_STREAM, Stream.create(0, driver=drv)]
+    live, out = [], []
+    for op, i, n, s in steps:
+        try:
+            if op == "a":
+                p = mr.allocate(n, streams[s])
+                live.append((p, n, s))
+                out.append(("a", p))
+            elif op == "f" and live:
+                p, m, s0 = live.pop(i % len(live))
+                mr.deallocate(p, m, streams[s0])
+                out.append(("f", p))
+            elif op == "trim":
+                mr.trim() if hasattr(mr, "trim") else mr.upstream.trim()
+                out.append(("t",))
+            elif op == "bad":
+                mr.deallocate(0xdead00, n or 1, streams[s])
+        except (ValueError, TypeError, MemoryError) as exc:
+            out.append((type(exc).__name__,))
+        out.append(mr.live_bytes if hasattr(mr, "live_bytes") else mr.upstream.live_bytes)
+    for p, m, s0 in live:
+        mr.deallocate(p, m, streams[s0])
+    return out
+
+
+@compiled
+@settings(max_examples=60, deadline=None)
+@given(ops)
+def test_both_builds_answer_alike(steps):
+    for make in (lambda: PoolResource(DeviceMemoryResource()),
+                 lambda: StatisticsAdaptor(PoolResource(DeviceMemoryResource()))):
+        got = _trace(make, steps)
+        with python_core():
+            want = _trace(make, steps)
+        assert got == want
