@@ -390,3 +390,32 @@ def test_cli_snapshot_of_a_log(tmp_path, capsys):
     snap = pickle.loads((tmp_path / "s.pickle").read_bytes())
     assert [e["action"] for e in snap["device_traces"][0]] == ["alloc", "free_requested", "free_completed"]
     assert "3 trace events" in capsys.readouterr().out
+
+
+def test_a_free_on_a_collected_foreign_stream_waits_and_uses_the_default_stream(sim):
+    # CuPy's test suite with mrkit installed: a CuPy stream was collected (destroyed) before the arrays
+    # allocated on it; their frees went to the dead handle (a segfault inside the driver on the GPU)
+    import gc
+    from mrkit import DeviceMemoryResource, Stream
+    from mrkit._stream import as_stream
+
+    class Foreign:  # a library's stream object (CuPy's, PyTorch's): mrkit's view lives while it does
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __cuda_stream__(self):
+            return (0, self.handle)
+
+    mr = DeviceMemoryResource()
+    raw = Stream.create()
+    obj = Foreign(raw.handle)
+    s = as_stream(obj)
+    p = mr.allocate(4096, s)
+    sim.memset_async(p, 1, 4096, s.handle)  # work still queued on the stream when it goes away
+    del obj
+    gc.collect()
+    raw.close()
+    assert s.alive is False
+    mr.deallocate(p, 4096, s)
+    assert mr.live_bytes == 0
+    sim.ctx_synchronize(0)

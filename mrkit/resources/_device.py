@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from .._errors import CUDAError, OutOfMemoryError
 from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_request
 from .._sizes import format_size, parse_size
-from .._stream import Stream, as_stream, device_scope
+from .._stream import DEFAULT_STREAM, Stream, as_stream, device_scope
 from ..driver import POOL_ATTRIBUTES, Driver, get_driver
 from ._common import LiveTable
 
@@ -269,6 +269,14 @@ class DeviceMemoryResource(MemoryResource):
             if stream.uid < 0:
                 with device_scope(self.driver, self.device_id, stream):
                     self._free(ptr, stream.handle)
+            elif stream.alive is False:
+                # the stream is gone (a collected CuPy/PyTorch stream): a free on its handle would reach
+                # a destroyed stream; its work may still run, so wait for the device, then free on the
+                # default stream
+                drv = self.driver
+                drv.ctx_synchronize(self.device_id)
+                with device_scope(drv, self.device_id, DEFAULT_STREAM):
+                    self._free(ptr, DEFAULT_STREAM.handle)
             else:
                 self._free(ptr, stream.handle)
         except BaseException:
