@@ -2,7 +2,7 @@
 # Final GPU call of a session: build the compiled core in place; CuPy's own tests with mrkit as the
 # allocator (both cores); bench_core (both cores); the suite on the cuda backend (SUITE=1).
 set -uo pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 python3 setup.py build_ext --inplace > "$OUT/build.txt" 2>&1; echo "build rc=$?" >> "$OUT/build.txt"
 python3 -m mrkit info > "$OUT/info.txt" 2>&1
 CT=.scratch/cupy_tests/tests/cupy_tests

@@ -67,6 +67,11 @@ class _Block:
         return f"<block {self.ptr:#x}+{self.nbytes} on {self.stream!r}>"
 
 
+def _counters(c) -> tuple:
+    """A :class:`~mrkit.statistics.Statistics` as (current, peak, total) bytes, then counts."""
+    return (c.current_bytes, c.peak_bytes, c.total_bytes, c.current_count, c.peak_count, c.total_count)
+
+
 def checker_canary(driver: SimDriver) -> None:
     """Prove the simulator's race checker works before trusting its silence: unordered writes on
     two streams, a read racing a write, and a use after free must each raise
@@ -187,7 +192,12 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
                 self.streams += [Stream.create(self.mr.device_id or 0, driver=self.driver)
                                  for _ in range(min(2, max_streams - 1))]
             self.counter = 0
-            self.peak = 0
+            self.peak = self.peak_count = 0  # the run's highest live bytes and live allocations
+            # the first statistics adaptor of the stack, and the counter frames pushed on it: each
+            # [live bytes, live count, counted bytes, count, highest live bytes, highest live count]
+            # as at its push, the last two raised while it is open (RMM's push/pop semantics)
+            self.stats = next((r for r in walk_stack(self.mr) if isinstance(r, StatisticsAdaptor)), None)
+            self.frames: list[list[int]] = []
             self.caller = self.mr.device_id or 0  # the device current on the machine's threads when it calls
             self.refusals = 0  # out of memory or injected failures: the replay may differ there
             self.counted_bytes = 0  # bytes of every allocation made (statistics' total_bytes)
@@ -213,6 +223,23 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
 
         def _live_bytes(self) -> int:
             return sum(b.nbytes for b in self.model.values())
+
+        def _peaked(self, extra_bytes: int = 0, extra_count: int = 0) -> None:
+            """The model's live set (plus blocks allocated outside it, still live) reached a new
+            height: the run's peaks and those of every open counter frame follow."""
+            b, n = self._live_bytes() + extra_bytes, len(self.model) + extra_count
+            self.peak, self.peak_count = max(self.peak, b), max(self.peak_count, n)
+            for f in self.frames:
+                f[4], f[5] = max(f[4], b), max(f[5], n)
+
+        def _expected_counters(self, frame=None) -> tuple:
+            """What the statistics adaptor's counters must be: of ``frame`` (counting from its
+            push) or of the whole run, as (current, peak, total) bytes then counts."""
+            b, n = self._live_bytes(), len(self.model)
+            if frame is None:
+                return b, self.peak, self.counted_bytes, n, self.peak_count, self.counter
+            b0, n0, tb0, tn0, hb, hn = frame
+            return b - b0, hb - b0, self.counted_bytes - tb0, n - n0, hn - n0, self.counter - tn0
 
         def _fill(self, b: _Block) -> None:
             write_pattern(self.h, b.ptr, b.nbytes, b.pattern, b.stream)
@@ -260,7 +287,7 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
             self.counted_bytes += nbytes
             b = _Block(ptr, nbytes, align, s, self.counter % 255 + 1)
             self.model[ptr] = b
-            self.peak = max(self.peak, self._live_bytes())
+            self._peaked()
             self._note(f"allocate({nbytes}, align={align}) on {s!r} -> {ptr:#x}")
             if fill:
                 self._fill(b)
@@ -502,7 +529,7 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
                 return
             self.counter += 1
             self.counted_bytes += n
-            self.peak = max(self.peak, self._live_bytes() + n)
+            self._peaked(n, 1)
             with using(CudaMemoryResource(dev, driver=self.driver), dev):
                 cb.free(ptr, n, dev, s.handle)
             note(f"torch hooks: alloc({n}) on {s!r} -> {ptr:#x}; another resource made current; freed")
@@ -528,6 +555,28 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
                 self.driver.fail_allocation(0, "CUDA_ERROR_OUT_OF_MEMORY", calls=("cuMemCreate",))
                 large = self._allocate(128 << 20, 256, t, False)
                 return multiple(*[b for b in (small, large) if b is not None])
+
+        @precondition(lambda self: self.mr is not None and self.stats is not None and len(self.frames) < 3)
+        @rule()
+        def push_counters(self):
+            """A new counter frame on the statistics adaptor (RMM's ``push_statistics``): it returns the
+            frame below as it was, and the new one counts from zero."""
+            below = _counters(self.stats.push_counters())
+            exp = self._expected_counters(self.frames[-1] if self.frames else None)
+            assert below == exp, f"push_counters returned {below} for the frame below, the model {exp}"
+            b, n = self._live_bytes(), len(self.model)
+            self.frames.append([b, n, self.counted_bytes, self.counter, b, n])
+            note(f"push a counter frame (depth {len(self.frames)})")
+
+        @precondition(lambda self: self.mr is not None and self.stats is not None and self.frames)
+        @rule()
+        def pop_counters(self):
+            """The top frame ends: it is returned as counted, and folded into the frame below (whose
+            peak is then the highest it saw, the popped frame's included)."""
+            top = _counters(self.stats.pop_counters())
+            exp = self._expected_counters(self.frames.pop())
+            assert top == exp, f"pop_counters returned {top}, the model {exp}"
+            note(f"pop a counter frame (depth {len(self.frames)})")
 
         @precondition(lambda self: self.mr is not None)
         @rule(si=st.integers(0, 7))
@@ -557,7 +606,7 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
                                 break
                             self.counter += 1
                             self.counted_bytes += n
-                        self.peak = max(self.peak, self._live_bytes() + sum(n for _, n in got))
+                        self._peaked(sum(n for _, n in got), len(got))
                         for p, n in got:
                             mr.deallocate(p, n, DEFAULT_STREAM)
                     self.profile_calls += 1
@@ -592,7 +641,7 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
             self.counted_bytes += room
             b = _Block(ptr, room, 256, s, self.counter % 255 + 1)
             self.model[ptr] = b
-            self.peak = max(self.peak, self._live_bytes())
+            self._peaked()
             note(f"allocate({room}) (the limit's room) on {s!r} -> {ptr:#x}")
             try:
                 extra = self.api.allocate(1, s)
@@ -629,14 +678,12 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
             want = self._live_bytes()
             for r in walk_stack(self.mr):
                 if isinstance(r, StatisticsAdaptor):
-                    c = r.statistics
-                    assert c.current_bytes == want, f"statistics say {c.current_bytes} live bytes, the model {want}"
-                    assert c.current_count == len(self.model), (
-                        f"statistics count {c.current_count} live allocations, the model {len(self.model)}")
-                    assert (c.total_count, c.total_bytes) == (self.counter, self.counted_bytes), (
-                        f"statistics count {c.total_count} allocations of {c.total_bytes} bytes in all, the model "
-                        f"{self.counter} of {self.counted_bytes}")
-                    assert c.peak_bytes == self.peak, f"statistics' peak is {c.peak_bytes}, the model's {self.peak}"
+                    frame = self.frames[-1] if r is self.stats and self.frames else None
+                    got = _counters(r.statistics)
+                    exp = self._expected_counters(frame)
+                    assert got == exp, (
+                        f"statistics {'of the top frame ' if frame else ''}count (current, peak, total) "
+                        f"bytes then allocations {got}, the model {exp}")
                 if isinstance(r, LimitingAdaptor):
                     assert r.used_bytes == want, f"limiting adaptor counts {r.used_bytes}, the model {want}"
                     assert r.used_bytes <= r.limit, f"limiting adaptor is past its limit: {r.used_bytes} > {r.limit}"
