@@ -28,7 +28,7 @@ from .._engine import c_hooks, hot_paths, rounding_call
 from .._spec import build_resource, parse_spec
 from ..driver import get_driver
 
-__all__ = ["allocator", "pinned_allocator", "install", "install_pinned", "using_allocator", "resource_of",
+__all__ = ["AllocatorHooks", "allocator", "pinned_allocator", "install", "install_pinned", "using_allocator", "resource_of",
            "ALLOCATION_UNIT", "late_frees"]
 
 ALLOCATION_UNIT = 512
@@ -181,9 +181,82 @@ def _c_route(cupy, table: dict, bind):
 
 
 class _Table(dict):
-    """device -> (malloc hook, free hook); a dict that can be weakly referenced."""
+    """device -> (malloc hook, free hook, holds, core); a dict that can be weakly referenced."""
 
     __slots__ = ("__weakref__",)
+
+
+class AllocatorHooks:
+    """The CuPy-free half of :func:`allocator`: for each device, the ``(malloc(nbytes, device_id),
+    free(ptr, device_id))`` hooks CuPy calls, over ``mr`` (its device only) or ``None`` (each device's
+    current resource, followed when it is replaced). ``get_stream(device_id)`` gives the caller's
+    current stream on that device (CuPy's ``get_current_stream``, or anything ``mrkit.as_stream``
+    takes). The testing kit drives it without CuPy; :func:`allocator` hands its hooks to CuPy.
+
+    :meth:`malloc` returns the pointer and the free hook of the resource that served it: as a CuPy
+    memory object keeps its own free hook, a block goes back where it came from whatever is current
+    when it dies."""
+
+    def __init__(self, mr: MemoryResource | None = None, get_stream=None) -> None:
+        if get_stream is None:
+            get_stream = lambda device_id: DEFAULT_STREAM  # noqa: E731
+        self.resource = mr
+        self.table = table = _Table()
+        self._resources: dict = {}
+        if mr is not None:
+            if not isinstance(mr, MemoryResource):
+                raise TypeError(f"mr must be a MemoryResource or None, not {type(mr).__name__} "
+                                "(install() also takes a factory or a spec string)")
+            if not mr.device_accessible:
+                raise ValueError(f"{mr!r} is not device-accessible; use pinned_allocator() for host memory")
+            fixed = mr.device_id or 0
+            table[fixed] = _hooks(mr, get_stream)
+            self._resources[fixed] = mr
+
+            def bind(dev: int):
+                raise ValueError(f"CuPy's current device is {dev}, but this allocator serves device {fixed} "
+                                 f"({mr!r}); use mrkit.cupy.allocator() (no resource) to follow each device")
+        else:
+            bind_lock, resources = threading.Lock(), self._resources
+
+            def bind(dev: int):
+                with bind_lock:
+                    res = get_current_resource(dev)
+                    if not res.device_accessible:
+                        raise ValueError(f"the current resource of device {dev}, {res!r}, is not device-accessible")
+                    hooks = table[dev] = _hooks(res, get_stream)
+                    resources[dev] = res
+                    return hooks
+            ref = weakref.ref(table)
+
+            def drop(dev: int) -> None:  # the current resource of ``dev`` was replaced
+                t = ref()
+                if t is None:
+                    return False  # this allocator is gone: stop telling it
+                t.pop(dev, None)
+                resources.pop(dev, None)  # resource_for then names the new current resource
+                return True
+            _current.on_change(drop)
+        self.bind = bind
+
+    def hooks(self, device_id: int) -> tuple:
+        """``(malloc, free, holds, core)`` serving ``device_id`` now (bound on first use)."""
+        try:
+            return self.table[device_id]
+        except KeyError:
+            return self.bind(device_id)
+
+    def malloc(self, nbytes: int, device_id: int) -> tuple:
+        """``(ptr, free)``: ``nbytes`` (already rounded, as CuPy's allocator does) for ``device_id``,
+        and the hook that gives it back (``free(ptr, device_id)``)."""
+        m, f, _, _ = self.hooks(device_id)
+        return m(nbytes, device_id), f
+
+    def resource_for(self, device_id: int) -> MemoryResource:
+        """The resource serving ``device_id``."""
+        if self.resource is not None:
+            return self.resource
+        return self._resources.get(device_id) or get_current_resource(device_id)
 
 
 def allocator(mr: MemoryResource | None = None):
@@ -199,47 +272,14 @@ def allocator(mr: MemoryResource | None = None):
 
     Over a :class:`~mrkit.PoolResource` the hooks CuPy calls are the pool's own hot path (see
     ``mrkit._engine``), remembering each block's stream; over any other resource they call its
-    ``allocate``/``deallocate``. ``resource_of(fn)`` names the resource serving the current device."""
+    ``allocate``/``deallocate`` (:class:`AllocatorHooks`). ``resource_of(fn)`` names the resource
+    serving the current device."""
     cupy = _cupy()
     memory = cupy.cuda.memory
     Memory, Pointer = memory.UnownedMemory, memory.MemoryPointer
-    get_device_id, get_stream = cupy.cuda.device.get_device_id, cupy.cuda.get_current_stream
-    table = _Table()
-    bind_lock = threading.Lock()
-    if mr is not None:
-        if not isinstance(mr, MemoryResource):
-            raise TypeError(f"mr must be a MemoryResource or None, not {type(mr).__name__} "
-                            "(install() also takes a factory or a spec string)")
-        if not mr.device_accessible:
-            raise ValueError(f"{mr!r} is not device-accessible; use pinned_allocator() for host memory")
-        fixed = mr.device_id or 0
-        table[fixed] = _hooks(mr, get_stream)
-        resources = {fixed: mr}
-
-        def bind(dev: int):
-            raise ValueError(f"CuPy's current device is {dev}, but this allocator serves device {fixed} "
-                             f"({mr!r}); use mrkit.cupy.allocator() (no resource) to follow each device")
-    else:
-        resources = {}
-
-        def bind(dev: int):
-            with bind_lock:
-                res = get_current_resource(dev)
-                if not res.device_accessible:
-                    raise ValueError(f"the current resource of device {dev}, {res!r}, is not device-accessible")
-                hooks = table[dev] = _hooks(res, get_stream)
-                resources[dev] = res
-                return hooks
-        ref = weakref.ref(table)
-
-        def drop(dev: int) -> None:  # the current resource of ``dev`` was replaced
-            t = ref()
-            if t is None:
-                return False  # this allocator is gone: stop telling it
-            t.pop(dev, None)
-            resources.pop(dev, None)  # resource_for then names the new current resource
-            return True
-        _current.on_change(drop)
+    get_device_id = cupy.cuda.device.get_device_id
+    hooks = AllocatorHooks(mr, cupy.cuda.get_current_stream)
+    table, bind = hooks.table, hooks.bind
 
     c_route = _c_route(cupy, table, bind)
     if c_route is not None:
@@ -259,7 +299,8 @@ def allocator(mr: MemoryResource | None = None):
 
         malloc.rounding = ALLOCATION_UNIT
     malloc.resource = mr
-    malloc.resource_for = lambda dev: mr if mr is not None else resources.get(dev) or get_current_resource(dev)
+    malloc.resource_for = hooks.resource_for
+    malloc.hooks = hooks
     return malloc
 
 

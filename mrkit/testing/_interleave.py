@@ -136,6 +136,7 @@ class Step:
     kind: str  # "line", "acquire", "blocked", "start", "end"
     filename: str
     lineno: int
+    held: int = 0  # controlled locks the thread held there (inside a critical section when > 0)
 
     def describe(self) -> str:
         src = linecache.getline(self.filename, self.lineno).strip() if self.lineno else ""
@@ -235,7 +236,7 @@ class Controller:
     def yield_(self, t: _Thread, kind: str, filename: str, lineno: int) -> None:
         """A scheduling point of ``t`` (the running thread): record it, check, pick who runs next."""
         steps = self.steps
-        steps.append((t.index, kind, filename, lineno))
+        steps.append((t.index, kind, filename, lineno, t.held))
         if self.on_step is not None and kind != "blocked":
             t.busy = True
             try:
@@ -289,24 +290,39 @@ class Controller:
             c.go.release()
         self.finished.set()
 
-    def _trace_call(self, frame, event, arg):
-        code = frame.f_code
-        lines = self._codes.get(code)
-        if lines is None:
-            lines = self._codes[code] = _shared_lines(code) if self.points(code.co_filename) else None
-        return self._trace_line if lines else None
+    def _tracer(self, t: _Thread):
+        """``sys.settrace``'s function for ``t``'s thread: a frame of code under test gets a line
+        tracer; each of its lines that touches shared state is a scheduling point. A point where ``t``
+        simply stays (its segment goes on, no per-step check) is recorded right here, with no further
+        call: the run is dominated by these."""
+        codes, points, steps = self._codes, self.points, self.steps
+        record, index = steps.append, t.index
 
-    def _trace_line(self, frame, event, arg):
-        if event == "line":
-            t = self.me()
-            if t is not None and frame.f_lineno in self._codes[frame.f_code][1 if t.held else 0]:
-                self.yield_(t, "line", frame.f_code.co_filename, frame.f_lineno)
-        return self._trace_line
+        def line(frame, event, arg):
+            if event == "line" and not t.busy and not self.free_run:
+                code = frame.f_code
+                lineno = frame.f_lineno
+                if lineno in codes[code][1 if t.held else 0]:
+                    if self.seg_left > 0 and self.on_step is None and len(steps) < self.max_steps:
+                        record((index, "line", code.co_filename, lineno, t.held))
+                        self.seg_left -= 1  # what pick() does for a ready thread with steps left
+                    else:
+                        self.yield_(t, "line", code.co_filename, lineno)
+            return line
+
+        def call(frame, event, arg):
+            code = frame.f_code
+            try:
+                lines = codes[code]
+            except KeyError:
+                lines = codes[code] = _shared_lines(code) if points(code.co_filename) else None
+            return line if lines else None
+        return call
 
     def _body(self, t: _Thread, fn: Callable[[], object]) -> None:
         self.tls.t = t
         t.go.acquire()
-        sys.settrace(self._trace_call)
+        sys.settrace(self._tracer(t))
         try:
             t.result = fn()
         except BaseException as exc:  # noqa: BLE001 - reported by the caller's thread

@@ -32,6 +32,7 @@ from .._resource import MemoryResource
 from .._current import get_current_resource, using
 from .._stream import DEFAULT_STREAM, Event, Stream
 from ..adaptors import LimitingAdaptor, LoggingAdaptor, StatisticsAdaptor, TrackingAdaptor, read_log, replay
+from ..integrations.cupy import AllocatorHooks
 from ..integrations.torch import AllocatorCallbacks
 from ..resources import CudaMemoryResource, VirtualMemoryResource
 from ..statistics import profiler, profiler_records
@@ -535,6 +536,45 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
             note(f"torch hooks: alloc({n}) on {s!r} -> {ptr:#x}; another resource made current; freed")
             assert cb.last_error is None, f"the torch free of {ptr:#x} failed: {cb.last_error!r}"
             assert (cb.foreign_frees, cb.live_bytes) == (0, 0), "the torch hooks lost track of a block"
+
+        @precondition(lambda self: self.mr is not None and self.mr.device_accessible)
+        @rule(n=st.sampled_from([512, 4096, 1 << 20]), si=st.integers(0, 7), keep=st.booleans())
+        def cupy_hooks_replaced(self, n, si, keep):
+            """CuPy's allocator hooks (``mrkit.cupy.AllocatorHooks``, no CuPy needed) serve the current
+            resource; another resource is made current while the block is live (CuPy's allocator then
+            serves the device from the new one), and the block, freed through the hook it came with,
+            still goes home. ``keep``: the new resource serves one more block first."""
+            dev, s = self.mr.device_id or 0, self._stream(si)
+            hooks = AllocatorHooks(None, lambda device_id: s)
+            try:
+                with using(self.api, dev):
+                    ptr, free = hooks.malloc(n, dev)
+            except (OutOfMemoryError, CUDAError) as exc:
+                if isinstance(exc, CUDAError) and INJECTED not in str(exc):
+                    raise
+                self.refusals += 1
+                note(f"cupy hooks: malloc({n}) refused ({exc!r})")
+                return
+            self.counter += 1
+            self.counted_bytes += n
+            self._peaked(n, 1)
+            other = CudaMemoryResource(dev, driver=self.driver)
+            with using(other, dev):
+                assert hooks.resource_for(dev) is other, "CuPy's hooks still serve a replaced resource"
+                try:
+                    if keep:
+                        try:
+                            q, qfree = hooks.malloc(256, dev)
+                        except (OutOfMemoryError, CUDAError) as exc:  # an injected failure is the driver's
+                            if isinstance(exc, CUDAError) and INJECTED not in str(exc):
+                                raise
+                        else:
+                            assert other.outstanding() == {q: 256}, "the new current resource did not serve the block"
+                            qfree(q, dev)
+                finally:
+                    free(ptr, dev)
+            note(f"cupy hooks: malloc({n}) on {s!r} -> {ptr:#x}; another resource made current; freed")
+            assert not other.outstanding(), "a block went to the resource made current after it"
 
         if sim and faults:
             @precondition(lambda self: self.mr is not None and any(
