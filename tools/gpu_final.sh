@@ -17,6 +17,10 @@ for build in compiled python; do
   [ "${BENCH:-0}" = 1 ] && timeout 240 python3 benchmarks/bench_core.py ${BENCH_ARGS:-} --json "$OUT/bench_$build.json" > "$OUT/bench_$build.txt" 2>&1
 done
 unset MRKIT_NO_EXTENSIONS
+# RMM's random workload on the 64 MiB / 1 GiB / 4 GiB ranges (compiled build), e.g.
+# WORKLOAD="mrkit pool,cupy MemoryPool,mrkit vmm,torch expandable segments"
+[ -n "${WORKLOAD:-}" ] && timeout ${WORKLOAD_TIME:-300} python3 benchmarks/bench_workload.py --ops ${OPS:-1000} --timeout 40 \
+  --no-fragmentation --only "$WORKLOAD" --json "$OUT/workload.json" > "$OUT/workload.txt" 2>&1
 if [ "${SUITE:-0}" = 1 ]; then
   MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=dev timeout ${TEST_BUDGET:-300} python3 -X faulthandler -m pytest -q -p no:cacheprovider -rxs \
     --ignore=tests/test_mutations.py --ignore=tests/test_gpu_dask.py --ignore=tests/test_examples.py \
@@ -24,4 +28,4 @@ if [ "${SUITE:-0}" = 1 ]; then
   tail -n 3 "$OUT/pytest.txt"
 fi
 for f in "$OUT"/cupy_*.txt; do [ -f $f ] && { echo "== $f"; grep -E "passed|failed|mrkit-cupy|^rc=" $f | tail -n 4; grep -A3 "mrkit-cupy" $f | tail -n 3; }; done
-tail -n 12 "$OUT"/bench_*.txt 2>/dev/null; grep core "$OUT/info.txt"; tail -n 1 "$OUT/build.txt"
+tail -n 12 "$OUT"/bench_*.txt 2>/dev/null; grep "^|" "$OUT/workload.txt" 2>/dev/null; grep core "$OUT/info.txt"; tail -n 1 "$OUT/build.txt"
