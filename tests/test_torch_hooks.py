@@ -166,3 +166,29 @@ def test_the_lock_setting_uses_pytorchs_current_name_and_the_old_one_only_where_
         torch._C._accelerator_setAllocatorSettings = lambda s: calls.append(("new", s))
     _release_lock_around_segments(torch)
     assert calls == [("new" if has_new else "old", "release_lock_on_cudamalloc:True")]
+
+
+def test_the_compiled_build_hands_pytorch_c_functions_of_its_own_and_ctypes_past_its_slots(sim, monkeypatch):
+    """Compiled build: each allocator gets a pair of the extension's C functions (no ctypes
+    trampoline) until its 64 pairs are given out; then ctypes. Python build: ctypes. Either way the
+    pair PyTorch receives serves the allocator it was made for."""
+    torch = _fake_torch(monkeypatch)
+    import mrkit.torch as mt
+    from mrkit._engine import core_name
+    mr = PoolResource(DeviceMemoryResource())
+    s = Stream.create()
+    kinds = []
+    for _ in range(66):
+        a = mt.allocator(mr)
+        kinds.append("ctypes" if hasattr(a, "_c_alloc") else "c")
+        c_alloc, c_free = torch.made[-1]
+        ptr = c_alloc(4096, 0, s.handle)
+        assert ptr and a.live_bytes == 4096
+        c_free(ptr, 4096, 0, s.handle)
+        assert a.live_bytes == 0 and a.foreign_frees == 0
+    if core_name() == "compiled":
+        assert kinds[0] == "c" and kinds[-1] == "ctypes"  # 64 slots a process: some went to earlier tests
+        assert kinds == sorted(kinds)  # C functions first, then ctypes for good
+    else:
+        assert set(kinds) == {"ctypes"}
+    assert mr.live_bytes == 0

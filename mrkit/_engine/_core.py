@@ -49,6 +49,15 @@ def c_hooks(table: dict, bind, made: list, exiting: list, late: list):
     return _hotc.CHooks(table, bind, made, exiting, late)
 
 
+def torch_callbacks(callbacks):
+    """``(alloc, free)`` C function addresses with PyTorch's pluggable-allocator signatures calling
+    ``callbacks``, or ``None`` (the Python build, or every slot taken: the caller makes them with
+    ``ctypes``)."""
+    if _hotc is None or _forced[0]:
+        return None
+    return _hotc.torch_callbacks(callbacks)
+
+
 def rounding_call(inner, unit: int):
     """``call(size) -> inner(size rounded up to unit)``, compiled (``None`` in the Python build)."""
     return None if _hotc is None else _hotc.RoundingCall(inner, unit)

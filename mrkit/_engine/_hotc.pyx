@@ -378,3 +378,62 @@ def counting_paths(arena, events, on_full, limit, counted):
 def hook_paths(arena, *, current_stream, seen, remember, foreign_free):
     p = HookPaths(arena, current_stream, seen, remember, foreign_free)
     return p.malloc, p.free, p.holds, p
+
+
+# -- PyTorch's pluggable allocator ---------------------------------------------------------------
+# PyTorch calls ``void* alloc(size_t size, int device, cudaStream_t stream)`` and ``void free(void* ptr,
+# size_t size, int device, cudaStream_t stream)``: plain C functions with no user data. A fixed set of
+# C trampolines, one pair per slot, each calls the Python callbacks object stored in its slot (taking
+# the GIL, as PyTorch may call from any thread). A slot, once given, is kept for the process: PyTorch
+# may free through it however late.
+cdef extern from *:
+    """
+    typedef void* (*mrkit_talloc_impl_t)(int, size_t, int, void*);
+    typedef void (*mrkit_tfree_impl_t)(int, void*, size_t, int, void*);
+    static mrkit_talloc_impl_t mrkit_talloc_impl = 0;
+    static mrkit_tfree_impl_t mrkit_tfree_impl = 0;
+    #define MRKIT_TORCH_SLOT(i) \\
+        static void* mrkit_talloc_##i(size_t n, int d, void* s) { return mrkit_talloc_impl(i, n, d, s); } \\
+        static void mrkit_tfree_##i(void* p, size_t n, int d, void* s) { mrkit_tfree_impl(i, p, n, d, s); }
+    MRKIT_TORCH_SLOT(0) MRKIT_TORCH_SLOT(1) MRKIT_TORCH_SLOT(2) MRKIT_TORCH_SLOT(3) MRKIT_TORCH_SLOT(4) MRKIT_TORCH_SLOT(5) MRKIT_TORCH_SLOT(6) MRKIT_TORCH_SLOT(7) MRKIT_TORCH_SLOT(8) MRKIT_TORCH_SLOT(9) MRKIT_TORCH_SLOT(10) MRKIT_TORCH_SLOT(11) MRKIT_TORCH_SLOT(12) MRKIT_TORCH_SLOT(13) MRKIT_TORCH_SLOT(14) MRKIT_TORCH_SLOT(15) MRKIT_TORCH_SLOT(16) MRKIT_TORCH_SLOT(17) MRKIT_TORCH_SLOT(18) MRKIT_TORCH_SLOT(19) MRKIT_TORCH_SLOT(20) MRKIT_TORCH_SLOT(21) MRKIT_TORCH_SLOT(22) MRKIT_TORCH_SLOT(23) MRKIT_TORCH_SLOT(24) MRKIT_TORCH_SLOT(25) MRKIT_TORCH_SLOT(26) MRKIT_TORCH_SLOT(27) MRKIT_TORCH_SLOT(28) MRKIT_TORCH_SLOT(29) MRKIT_TORCH_SLOT(30) MRKIT_TORCH_SLOT(31) MRKIT_TORCH_SLOT(32) MRKIT_TORCH_SLOT(33) MRKIT_TORCH_SLOT(34) MRKIT_TORCH_SLOT(35) MRKIT_TORCH_SLOT(36) MRKIT_TORCH_SLOT(37) MRKIT_TORCH_SLOT(38) MRKIT_TORCH_SLOT(39) MRKIT_TORCH_SLOT(40) MRKIT_TORCH_SLOT(41) MRKIT_TORCH_SLOT(42) MRKIT_TORCH_SLOT(43) MRKIT_TORCH_SLOT(44) MRKIT_TORCH_SLOT(45) MRKIT_TORCH_SLOT(46) MRKIT_TORCH_SLOT(47) MRKIT_TORCH_SLOT(48) MRKIT_TORCH_SLOT(49) MRKIT_TORCH_SLOT(50) MRKIT_TORCH_SLOT(51) MRKIT_TORCH_SLOT(52) MRKIT_TORCH_SLOT(53) MRKIT_TORCH_SLOT(54) MRKIT_TORCH_SLOT(55) MRKIT_TORCH_SLOT(56) MRKIT_TORCH_SLOT(57) MRKIT_TORCH_SLOT(58) MRKIT_TORCH_SLOT(59) MRKIT_TORCH_SLOT(60) MRKIT_TORCH_SLOT(61) MRKIT_TORCH_SLOT(62) MRKIT_TORCH_SLOT(63)
+    static void* mrkit_talloc_table[64] = {(void*)mrkit_talloc_0, (void*)mrkit_talloc_1, (void*)mrkit_talloc_2, (void*)mrkit_talloc_3, (void*)mrkit_talloc_4, (void*)mrkit_talloc_5, (void*)mrkit_talloc_6, (void*)mrkit_talloc_7, (void*)mrkit_talloc_8, (void*)mrkit_talloc_9, (void*)mrkit_talloc_10, (void*)mrkit_talloc_11, (void*)mrkit_talloc_12, (void*)mrkit_talloc_13, (void*)mrkit_talloc_14, (void*)mrkit_talloc_15, (void*)mrkit_talloc_16, (void*)mrkit_talloc_17, (void*)mrkit_talloc_18, (void*)mrkit_talloc_19, (void*)mrkit_talloc_20, (void*)mrkit_talloc_21, (void*)mrkit_talloc_22, (void*)mrkit_talloc_23, (void*)mrkit_talloc_24, (void*)mrkit_talloc_25, (void*)mrkit_talloc_26, (void*)mrkit_talloc_27, (void*)mrkit_talloc_28, (void*)mrkit_talloc_29, (void*)mrkit_talloc_30, (void*)mrkit_talloc_31, (void*)mrkit_talloc_32, (void*)mrkit_talloc_33, (void*)mrkit_talloc_34, (void*)mrkit_talloc_35, (void*)mrkit_talloc_36, (void*)mrkit_talloc_37, (void*)mrkit_talloc_38, (void*)mrkit_talloc_39, (void*)mrkit_talloc_40, (void*)mrkit_talloc_41, (void*)mrkit_talloc_42, (void*)mrkit_talloc_43, (void*)mrkit_talloc_44, (void*)mrkit_talloc_45, (void*)mrkit_talloc_46, (void*)mrkit_talloc_47, (void*)mrkit_talloc_48, (void*)mrkit_talloc_49, (void*)mrkit_talloc_50, (void*)mrkit_talloc_51, (void*)mrkit_talloc_52, (void*)mrkit_talloc_53, (void*)mrkit_talloc_54, (void*)mrkit_talloc_55, (void*)mrkit_talloc_56, (void*)mrkit_talloc_57, (void*)mrkit_talloc_58, (void*)mrkit_talloc_59, (void*)mrkit_talloc_60, (void*)mrkit_talloc_61, (void*)mrkit_talloc_62, (void*)mrkit_talloc_63};
+    static void* mrkit_tfree_table[64] = {(void*)mrkit_tfree_0, (void*)mrkit_tfree_1, (void*)mrkit_tfree_2, (void*)mrkit_tfree_3, (void*)mrkit_tfree_4, (void*)mrkit_tfree_5, (void*)mrkit_tfree_6, (void*)mrkit_tfree_7, (void*)mrkit_tfree_8, (void*)mrkit_tfree_9, (void*)mrkit_tfree_10, (void*)mrkit_tfree_11, (void*)mrkit_tfree_12, (void*)mrkit_tfree_13, (void*)mrkit_tfree_14, (void*)mrkit_tfree_15, (void*)mrkit_tfree_16, (void*)mrkit_tfree_17, (void*)mrkit_tfree_18, (void*)mrkit_tfree_19, (void*)mrkit_tfree_20, (void*)mrkit_tfree_21, (void*)mrkit_tfree_22, (void*)mrkit_tfree_23, (void*)mrkit_tfree_24, (void*)mrkit_tfree_25, (void*)mrkit_tfree_26, (void*)mrkit_tfree_27, (void*)mrkit_tfree_28, (void*)mrkit_tfree_29, (void*)mrkit_tfree_30, (void*)mrkit_tfree_31, (void*)mrkit_tfree_32, (void*)mrkit_tfree_33, (void*)mrkit_tfree_34, (void*)mrkit_tfree_35, (void*)mrkit_tfree_36, (void*)mrkit_tfree_37, (void*)mrkit_tfree_38, (void*)mrkit_tfree_39, (void*)mrkit_tfree_40, (void*)mrkit_tfree_41, (void*)mrkit_tfree_42, (void*)mrkit_tfree_43, (void*)mrkit_tfree_44, (void*)mrkit_tfree_45, (void*)mrkit_tfree_46, (void*)mrkit_tfree_47, (void*)mrkit_tfree_48, (void*)mrkit_tfree_49, (void*)mrkit_tfree_50, (void*)mrkit_tfree_51, (void*)mrkit_tfree_52, (void*)mrkit_tfree_53, (void*)mrkit_tfree_54, (void*)mrkit_tfree_55, (void*)mrkit_tfree_56, (void*)mrkit_tfree_57, (void*)mrkit_tfree_58, (void*)mrkit_tfree_59, (void*)mrkit_tfree_60, (void*)mrkit_tfree_61, (void*)mrkit_tfree_62, (void*)mrkit_tfree_63};
+    #define MRKIT_TORCH_SLOTS 64
+    """
+    ctypedef void* (*talloc_impl_t)(int, size_t, int, void*)
+    ctypedef void (*tfree_impl_t)(int, void*, size_t, int, void*)
+    talloc_impl_t mrkit_talloc_impl
+    tfree_impl_t mrkit_tfree_impl
+    void* mrkit_talloc_table[64]
+    void* mrkit_tfree_table[64]
+    int MRKIT_TORCH_SLOTS
+
+cdef list _torch_slots = []
+
+
+cdef void *_talloc(int slot, size_t nbytes, int device, void *stream) noexcept with gil:
+    try:
+        ptr = _torch_slots[slot].alloc(nbytes, device, <intptr_t>stream)
+    except BaseException:  # the callbacks catch everything; a refusal is NULL, never an exception
+        return NULL
+    return NULL if ptr is None else <void*><intptr_t>ptr
+
+
+cdef void _tfree(int slot, void *ptr, size_t nbytes, int device, void *stream) noexcept with gil:
+    _torch_slots[slot].free(<intptr_t>ptr, nbytes, device, <intptr_t>stream)
+
+
+mrkit_talloc_impl = _talloc
+mrkit_tfree_impl = _tfree
+
+
+def torch_callbacks(callbacks):
+    """``(alloc, free)``: the addresses of a pair of C functions with PyTorch's pluggable-allocator
+    signatures that call ``callbacks.alloc(size, device, stream)`` / ``callbacks.free(ptr, size,
+    device, stream)``; ``None`` when every slot is taken. The slot and ``callbacks`` are kept for the
+    process."""
+    k = len(_torch_slots)
+    if k >= MRKIT_TORCH_SLOTS:
+        return None
+    _torch_slots.append(callbacks)
+    return <intptr_t>mrkit_talloc_table[k], <intptr_t>mrkit_tfree_table[k]

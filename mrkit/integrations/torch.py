@@ -1,10 +1,12 @@
-"""PyTorch integration: mrkit resources behind PyTorch's CUDA allocator, with no compiled code.
+"""PyTorch integration: mrkit resources behind PyTorch's CUDA allocator.
 
 PyTorch's pluggable-allocator API wants two C functions, ``void* alloc(size_t size, int device,
 cudaStream_t stream)`` and ``void free(void* ptr, size_t size, int device, cudaStream_t stream)``.
-``torch.cuda.memory.CUDAPluggableAllocator`` finds them in a shared library by name; mrkit makes them
-with ``ctypes.CFUNCTYPE`` (C-callable functions backed by Python) and hands their addresses to the
-same internal constructor that class calls, ``torch._C._cuda_customAllocator(alloc_ptr, free_ptr)``.
+``torch.cuda.memory.CUDAPluggableAllocator`` finds them in a shared library by name; mrkit hands
+their addresses to the same internal constructor that class calls,
+``torch._C._cuda_customAllocator(alloc_ptr, free_ptr)``. In the compiled build they are C functions
+of mrkit's extension (one pair per allocator, up to 64 in a process); in the Python build, or past
+64, ``ctypes.CFUNCTYPE`` trampolines. Either calls :class:`AllocatorCallbacks`.
 That private function, ``torch.cuda.MemPool`` / ``torch.cuda.use_mem_pool`` (scoped use) and
 ``torch._C._cuda_beginAllocateToPool`` (process-wide use: every stream of a device to one pool) are
 the PyTorch internals relied on; where one
@@ -31,6 +33,7 @@ import threading
 from contextlib import contextmanager
 
 from .._current import get_current_resource
+from .._engine import torch_callbacks as c_callbacks
 from .._resource import MemoryResource
 from .._stream import DEFAULT_STREAM, Stream
 
@@ -132,16 +135,19 @@ class AllocatorCallbacks:
 
 class TorchAllocator(AllocatorCallbacks):
     """mrkit's resources as a PyTorch CUDA allocator: :class:`AllocatorCallbacks` made C-callable
-    (``ctypes``) and handed to PyTorch. ``allocator`` is PyTorch's allocator object (for
-    ``torch.cuda.MemPool(...)``)."""
+    (the compiled build's C functions, else ``ctypes``) and handed to PyTorch. ``allocator`` is
+    PyTorch's allocator object (for ``torch.cuda.MemPool(...)``); ``addresses`` the two functions'."""
 
     def __init__(self, mr: MemoryResource | None = None) -> None:
         torch = _torch()
         make = _internal(torch, "torch._C._cuda_customAllocator")
         super().__init__(mr)
-        self._c_alloc, self._c_free = _ALLOC(self.alloc), _FREE(self.free)
-        self.allocator = make(ctypes.cast(self._c_alloc, ctypes.c_void_p).value,
+        self.addresses = c_callbacks(self)  # the compiled build's C functions
+        if self.addresses is None:  # the Python build (or every C slot taken): ctypes trampolines
+            self._c_alloc, self._c_free = _ALLOC(self.alloc), _FREE(self.free)
+            self.addresses = (ctypes.cast(self._c_alloc, ctypes.c_void_p).value,
                               ctypes.cast(self._c_free, ctypes.c_void_p).value)
+        self.allocator = make(*self.addresses)
         _keep.append(self)
 
 
