@@ -233,6 +233,13 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
             for f in self.frames:
                 f[4], f[5] = max(f[4], b), max(f[5], n)
 
+        def _counted_outside(self, n: int) -> None:
+            """A block of ``n`` bytes was allocated through the stack but is not in the model (a rule
+            frees it itself): counted, and live until its rule frees it."""
+            self.counter += 1
+            self.counted_bytes += n
+            self._peaked(n, 1)
+
         def _expected_counters(self, frame=None) -> tuple:
             """What the statistics adaptor's counters must be: of ``frame`` (counting from its
             push) or of the whole run, as (current, peak, total) bytes then counts."""
@@ -528,9 +535,7 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
                 self.refusals += 1
                 note(f"torch hooks: alloc({n}) refused ({cb.last_error!r})")
                 return
-            self.counter += 1
-            self.counted_bytes += n
-            self._peaked(n, 1)
+            self._counted_outside(n)
             with using(CudaMemoryResource(dev, driver=self.driver), dev):
                 cb.free(ptr, n, dev, s.handle)
             note(f"torch hooks: alloc({n}) on {s!r} -> {ptr:#x}; another resource made current; freed")
@@ -555,9 +560,7 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
                 self.refusals += 1
                 note(f"cupy hooks: malloc({n}) refused ({exc!r})")
                 return
-            self.counter += 1
-            self.counted_bytes += n
-            self._peaked(n, 1)
+            self._counted_outside(n)
             other = CudaMemoryResource(dev, driver=self.driver)
             with using(other, dev):
                 assert hooks.resource_for(dev) is other, "CuPy's hooks still serve a replaced resource"
