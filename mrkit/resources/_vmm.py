@@ -20,7 +20,13 @@ __all__ = ["VirtualMemoryResource", "VirtualMemoryResourceOptions"]
 # memory where 64 MiB runs finish)
 _NEAR_FULL_RUN = 64 << 20
 _NEAR_FULL_FRACTION = 0.75
+_RUNS_PER_BLOCK = 8  # with a footprint limit: a block's new pages come in runs of 1/8 of it (64 MiB at least)
 _PLACEMENT_WINDOW = 8  # with a footprint limit: how many of the smallest fitting free blocks placement weighs
+
+
+class FootprintLimitError(OutOfMemoryError):
+    """A :class:`VirtualMemoryResource` with ``footprint_limit`` refused a request that would take its
+    physical memory past the limit's bound (the device itself may have room)."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,13 @@ class VirtualMemoryResourceOptions:
     release_fraction: the same, relative to the live bytes (``0.1``: keep the free mapped memory under
         10 % of what is live). With neither, memory goes back only on :meth:`VirtualMemoryResource.trim`.
     footprint_limit: keep the physical memory held within this factor of the live high-water mark
-        (``1.05``: within 5 %) by moving it rather than creating more: when mapping a block's missing
+        (``1.05``: within 5 %) by moving it rather than creating more. A guarantee, on any workload:
+        the physical memory the driver holds for the resource never exceeds the high-water mark of
+        ``footprint_limit`` x the live bytes (each allocation rounded up to 256 bytes) plus one page
+        per live allocation; a request that cannot be served within it is refused with an
+        :class:`~mrkit.OutOfMemoryError` naming the limit, and nothing changes. A block's new pages
+        come in runs of an eighth of the block (at least 64 MiB, at most ``max_mapping``), so that a
+        run partly reused beside live blocks strands little. When mapping a block's missing
         pages would exceed the limit, mappings lying wholly in free memory are unmapped (after waiting
         for the streams that freed them) and their physical allocations mapped where they are needed
         (``cuMemUnmap``, then ``cuMemMap`` + ``cuMemSetAccess``; no ``cuMemCreate``). Each move is
@@ -187,6 +199,9 @@ class _VirtualChunks(ChunkSource):
         self._spare: dict[int, list[int]] = {}  # pages -> unmapped physical allocations (footprint_limit)
         self._spare_bytes = 0
         self._live_high = 0  # live bytes high-water mark, as seen when pages are mapped
+        # footprint_limit's hard bound: the high-water mark of limit x live bytes plus one page per
+        # live allocation (each may leave part of a page unused), as seen when pages are mapped
+        self._allowance = 0
         self._moves = 0
         self._by_mapping = opts.footprint_limit is not None  # placement looks at what is mapped
 
@@ -285,6 +300,26 @@ class _VirtualChunks(ChunkSource):
         free.cut(ptr, at, size)
         return at
 
+    def _fit_fewest_missing(self, free: FreeList, size: int) -> int | None:
+        """Cut ``size`` bytes from the free block (at either end) that needs the fewest pages mapped,
+        over every free block that holds it (the footprint limit's last placement before a refusal);
+        None when nothing fits."""
+        page, base, cov = self.page, self.base, self._cov
+        best = None
+        for ptr, bsize in free.start.items():
+            if bsize < size:
+                continue
+            for at in ((ptr,) if bsize == size else (ptr, ptr + bsize - size)):
+                lo, hi = (at - base) // page, (at + size - 1 - base) // page + 1
+                missing = sum(b - a for a, b in cov.gaps(lo, hi))
+                if best is None or missing < best[0]:
+                    best = (missing, ptr, at)
+        if best is None:
+            return None
+        _, ptr, at = best
+        free.cut(ptr, at, size)
+        return at
+
     def prepare(self, arena, ptr, size, stream):
         base, page = self.base, self.page
         if not self._cov.covers((ptr - base) // page, (ptr + size - 1 - base) // page + 1):
@@ -299,6 +334,16 @@ class _VirtualChunks(ChunkSource):
         try:
             self._map_block(ptr, size, stream)
             return ptr
+        except FootprintLimitError:
+            # the limit, not the device: the free block that needs the fewest new pages, if that
+            # is another one; else the refusal stands
+            other = self._fit_fewest_missing(self.arena.state(stream).free, size)
+            if other is None or other == ptr:
+                if other is not None:
+                    self.arena.state(stream).free.insert(other, size, self.arena.boundaries)
+                raise
+            self._map_block(other, size, stream)
+            return other
         except OutOfMemoryError:
             pass
         if self._run_pages > self._small_run:
@@ -355,8 +400,18 @@ class _VirtualChunks(ChunkSource):
             self._run_pages = self._small_run
         if short:
             self._unmap_free(missing - self._spare_bytes, release_large=True)
+            if limit is not None:
+                live = self.arena.live_total() + size
+                self._check_bound(missing // page, size, limit, self._bound(live, limit))
         elif limit is not None:
             self._make_room(missing // page, size, limit)
+        run = self._run_pages
+        if limit is not None:
+            # under a limit, runs of an eighth of the block (at least 64 MiB, or a page-run near a full
+            # device): a run goes back only whole, and one partly reused beside a live block strands
+            # the rest (runs of 256 MiB for blocks of about 512 MiB stranded enough to pass a limit of
+            # 1.1 on RMM's workload to 1 GiB)
+            run = min(run, max(self._small_run, (-(-size // page)) // _RUNS_PER_BLOCK))
         drv, dev = self.driver, self.device_id
         done: list[tuple[int, int, int, bool]] = []  # (first page, pages, handle, moved)
         try:
@@ -373,13 +428,13 @@ class _VirtualChunks(ChunkSource):
                         # released too
                         k = bisect_right(starts, a)
                         reach = min(starts[k] if k < len(starts) else top, top) - a
-                        most = min(b - a, self._run_pages)
-                        n, h = self._take_spare(most, min(reach, self._run_pages), 0 if short else most // 2)
+                        most = min(b - a, run)
+                        n, h = self._take_spare(most, min(reach, run), 0 if short else most // 2)
                     else:
                         n, h = 0, None
                     moved = h is not None
                     if not moved:
-                        n = min(b - a, self._run_pages)
+                        n = min(b - a, run)
                         if limit is not None and self._spare_bytes:
                             # spares passed over (too small): where creating would go past the limit,
                             # release them first, smallest first (the driver counts the peak meanwhile)
@@ -467,11 +522,35 @@ class _VirtualChunks(ChunkSource):
         """Before mapping ``pages`` new pages for a ``size``-byte block: if creating them would hold
         more than ``limit`` x the live high-water mark, unmap mappings lying wholly in free memory
         (highest addresses first, so the mapped memory stays packed low) and keep their physical
-        allocations spare, to be mapped where they are needed."""
+        allocations spare, to be mapped where they are needed. If the physical memory would still pass
+        the limit's hard bound (:meth:`_bound`), raise :class:`FootprintLimitError`: nothing is
+        created."""
         page = self.page
-        self._live_high = high = max(self._live_high, self.arena.live_total() + size)
+        live = self.arena.live_total() + size
+        self._live_high = high = max(self._live_high, live)
+        bound = self._bound(live, limit)
         create = max(0, pages * page - self._spare_bytes)
         self._unmap_free(self._mapped + self._spare_bytes + create - int(limit * high))
+        self._check_bound(pages, size, limit, bound)
+
+    def _bound(self, live: int, limit: float) -> int:
+        """The hard bound on physical memory with ``live`` bytes about to be live: the high-water mark
+        of ``limit`` x live bytes + one page per live allocation (this one included). It rises only
+        when the mapping it allows is made (:meth:`_check_bound`): a refused request raises nothing."""
+        return max(self._allowance, int(limit * live) + self.page * (len(self.arena.live) + 1))
+
+    def _check_bound(self, pages: int, size: int, limit: float, bound: int) -> None:
+        held = self._mapped + self._spare_bytes
+        after = held + max(0, pages * self.page - self._spare_bytes)
+        if after > bound:
+            raise FootprintLimitError(
+                f"{self!r} refused {size} bytes ({format_size(size)}): mapping them would hold {after} bytes "
+                f"({format_size(after)}) of physical memory, past its footprint_limit={limit} bound of "
+                f"{bound} bytes ({format_size(bound)}: {limit} x the live high-water mark plus one page per "
+                f"live allocation); {held} bytes are held, {self.arena.live_total()} live, and no free "
+                "mapping is left to move (the free memory lies in mappings that also hold live blocks)",
+                size, self.arena.owner)
+        self._allowance = bound
 
     def _unmap_free(self, need: int, release_large: bool = False) -> None:
         """Unmap mappings lying wholly in free memory, ``need`` bytes of them at least if there are
