@@ -50,7 +50,7 @@ class VirtualMemoryResourceOptions:
         the physical memory the driver holds for the resource never exceeds the high-water mark of
         ``footprint_limit`` x the live bytes (each allocation rounded up to 256 bytes) plus one page
         per live allocation; a request that cannot be served within it is refused with an
-        :class:`~mrkit.OutOfMemoryError` naming the limit, and nothing changes. A block's new pages
+        :class:`~mrkit.OutOfMemoryError` naming the limit; no memory is added and no live block changes. A block's new pages
         come in runs of an eighth of the block (at least 64 MiB, at most ``max_mapping``), so that a
         run partly reused beside live blocks strands little. When mapping a block's missing
         pages would exceed the limit, mappings lying wholly in free memory are unmapped (after waiting
