@@ -8,6 +8,7 @@ footprint-limited VMM: each moved mapping costs an unmap, a map and its share of
 
     python benchmarks/bench_vmm_calls.py --max-size 4GiB --footprint-limit 1.1 [--max-mapping 256MiB]
     python benchmarks/bench_vmm_calls.py --backend sim ...   (the simulator: counts, not times)
+    python benchmarks/bench_vmm_calls.py --fresh ...         (new sizes every pass, not a replay)
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def main(argv=None) -> None:
     ap.add_argument("--footprint-limit", type=float)
     ap.add_argument("--max-mapping", type=bench_workload._size)
     ap.add_argument("--backend", choices=("cuda", "sim"), default="cuda")
+    ap.add_argument("--fresh", action="store_true",
+                    help="new sizes from the same distribution every pass (RMM's rules as bench_workload times them)")
     args = ap.parse_args(argv)
     import mrkit
     if args.backend == "sim":
@@ -56,12 +59,16 @@ def main(argv=None) -> None:
           f"{drv.name}: sizes up to "
           f"{args.max_size / GiB:g} GiB, {len(steps)} operations per pass")
     for p in range(args.passes):
+        if args.fresh and p:
+            steps = bench_workload.plan(args.ops, args.max_size, 16 * GiB, seed=7 + p)
         calls.clear()
         moves, maps, in_driver = mr.moves, len(mr._src._maps), spent[0]
         dt = bench_workload.replay(steps, lambda n: mr.allocate(n, s), lambda p, n: mr.deallocate(p, n, s))
         print(f"pass {p}: {dt * 1e6 / len(steps):.2f} us/op, {(spent[0] - in_driver) * 1e6 / len(steps):.2f} in "
               f"driver calls; {mr.moves - moves} moves; {maps} mappings held at the start; physical high "
-              f"{mr.mapped_high / GiB:.2f} GiB")
+              f"{mr.mapped_high / GiB:.2f} GiB; "
+              f"{sum(calls.get(k, (0, 0))[0] for k in ('mem_map', 'mem_unmap')) / sum(op == 'a' for op, *_ in steps):.2f} "
+              "map/unmap calls per allocation")
         for name, (count, sec) in sorted(calls.items(), key=lambda c: -c[1][1]):
             print(f"    {name:20s} {count:6d} calls {sec * 1e3:9.2f} ms {sec * 1e6 / count:9.1f} us/call")
     mr.close()
