@@ -800,6 +800,12 @@ class VirtualMemoryResource(CachingResource):
         return self._src._mapped + self._src._spare_bytes
 
     @property
+    def page_size(self) -> int:
+        """Bytes of one page: the unit of physical memory (``options.page_size``, or the device's
+        allocation granularity)."""
+        return self._src.page
+
+    @property
     def mapped_high(self) -> int:
         """Highest ``physical_bytes`` since construction (or :meth:`reset_mapped_high`)."""
         return self._src._mapped_high

@@ -199,6 +199,11 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
             # as at its push, the last two raised while it is open (RMM's push/pop semantics)
             self.stats = next((r for r in walk_stack(self.mr) if isinstance(r, StatisticsAdaptor)), None)
             self.frames: list[list[int]] = []
+            # VMMs with a footprint limit, and the bound their physical memory must stay within: the
+            # high-water mark of limit x live bytes (256-byte grain) plus one page per live allocation
+            self.limited = [r for r in walk_stack(self.mr) if isinstance(r, VirtualMemoryResource)
+                            and r.options.footprint_limit is not None]
+            self.footprint_bound = 0
             self.caller = self.mr.device_id or 0  # the device current on the machine's threads when it calls
             self.refusals = 0  # out of memory or injected failures: the replay may differ there
             self.counted_bytes = 0  # bytes of every allocation made (statistics' total_bytes)
@@ -232,6 +237,10 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
             self.peak, self.peak_count = max(self.peak, b), max(self.peak_count, n)
             for f in self.frames:
                 f[4], f[5] = max(f[4], b), max(f[5], n)
+            for r in self.limited:  # blocks outside the model: their grain counted in full
+                grained = sum((m.nbytes + 255) & -256 for m in self.model.values()) + extra_bytes + 256 * extra_count
+                self.footprint_bound = max(self.footprint_bound, int(r.options.footprint_limit * grained)
+                                           + r.page_size * n)
 
         def _counted_outside(self, n: int) -> None:
             """A block of ``n`` bytes was allocated through the stack but is not in the model (a rule
@@ -730,6 +739,10 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
                 if isinstance(r, LimitingAdaptor):
                     assert r.used_bytes == want, f"limiting adaptor counts {r.used_bytes}, the model {want}"
                     assert r.used_bytes <= r.limit, f"limiting adaptor is past its limit: {r.used_bytes} > {r.limit}"
+                if isinstance(r, VirtualMemoryResource) and r in self.limited:
+                    assert r.physical_bytes <= self.footprint_bound, (
+                        f"{r!r} holds {r.physical_bytes} physical bytes, past its footprint_limit bound "
+                        f"{self.footprint_bound} (limit x the live high-water mark + one page per live allocation)")
                 if isinstance(r, TrackingAdaptor):
                     got = r.outstanding()
                     assert got == {p: b.nbytes for p, b in self.model.items()}, (

@@ -87,6 +87,8 @@ MUTANTS = [
            "        if not wait:\n            return self._src.release_async()\n        with self.arena.lock:\n"
            "            return self._src.trim_locked()", VMMS, kit="races"),
     # -- the VMM -------------------------------------------------------------------------------------
+    Mutant("the footprint limit's bound is not enforced", "resources/_vmm.py",
+           "        if after > bound:\n", "        if False:\n", ("vmm(moving pages, footprint_limit=1.0)",)),
     Mutant("VMM trim unmaps without waiting for the streams", "resources/_vmm.py",
            "        arena.quiesce(home, own=True)\n", "        pass\n", VMMS),
     Mutant("VMM maps one page short", "resources/_vmm.py",
