@@ -28,8 +28,8 @@ from .._engine import c_hooks, hot_paths, rounding_call
 from .._spec import build_resource, parse_spec
 from ..driver import get_driver
 
-__all__ = ["AllocatorHooks", "allocator", "pinned_allocator", "install", "install_pinned", "using_allocator", "resource_of",
-           "ALLOCATION_UNIT", "late_frees"]
+__all__ = ["AllocatorHooks", "allocator", "pinned_allocator", "install", "install_pinned", "using_allocator",
+           "resource_of", "ALLOCATION_UNIT", "late_frees"]
 
 ALLOCATION_UNIT = 512
 """CuPy's allocation unit: like CuPy's pool, mrkit's allocator rounds every request up to a multiple of
@@ -202,7 +202,7 @@ class AllocatorHooks:
             get_stream = lambda device_id: DEFAULT_STREAM  # noqa: E731
         self.resource = mr
         self.table = table = _Table()
-        self._resources: dict = {}
+        self._resources: dict = {}  # device -> the current resource its hooks were bound to (mr=None)
         if mr is not None:
             if not isinstance(mr, MemoryResource):
                 raise TypeError(f"mr must be a MemoryResource or None, not {type(mr).__name__} "
@@ -211,7 +211,6 @@ class AllocatorHooks:
                 raise ValueError(f"{mr!r} is not device-accessible; use pinned_allocator() for host memory")
             fixed = mr.device_id or 0
             table[fixed] = _hooks(mr, get_stream)
-            self._resources[fixed] = mr
 
             def bind(dev: int):
                 raise ValueError(f"CuPy's current device is {dev}, but this allocator serves device {fixed} "

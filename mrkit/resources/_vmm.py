@@ -50,8 +50,8 @@ class VirtualMemoryResourceOptions:
         the physical memory the driver holds for the resource never exceeds the high-water mark of
         ``footprint_limit`` x the live bytes (each allocation rounded up to 256 bytes) plus one page
         per live allocation; a request that cannot be served within it is refused with an
-        :class:`~mrkit.OutOfMemoryError` naming the limit; no memory is added and no live block changes. A block's new pages
-        come in runs of an eighth of the block (at least 64 MiB, at most ``max_mapping``), so that a
+        :class:`~mrkit.OutOfMemoryError` naming the limit; no memory is added and no live block
+        changes. A block's new pages come in runs of an eighth of the block (at least 64 MiB, at most ``max_mapping``), so that a
         run partly reused beside live blocks strands little. When mapping a block's missing
         pages would exceed the limit, mappings lying wholly in free memory are unmapped (after waiting
         for the streams that freed them) and their physical allocations mapped where they are needed
@@ -276,44 +276,41 @@ class _VirtualChunks(ChunkSource):
         window = free.candidates(size, _PLACEMENT_WINDOW)
         if not window:
             return None
-        page, base, cov = self.page, self.base, self._cov
         bsize, ptr = window[0]
         if ptr != top and self._covered(ptr, size):  # the plain best fit needs nothing mapped: the
             free.cut(ptr, ptr, size)                 # usual case, taken here (no second search)
             return ptr
+        best = self._least_missing(window, size, top)
+        if best is None or (best[1] == window[0][1] and best[2] == best[1]):
+            return None  # the plain best fit is the choice
+        _, ptr, at = best
+        free.cut(ptr, at, size)
+        return at
+
+    def _least_missing(self, blocks, size: int, top: int | None = None):
+        """``(missing pages, block, at)``: of the free ``blocks`` (``(size, ptr)`` pairs, each holding
+        ``size``; ``top`` skipped), where ``size`` bytes would need the fewest pages mapped, at
+        whichever end of its block needs fewer (the first such, stopping at none missing); None when
+        there is none."""
+        page, base, cov = self.page, self.base, self._cov
         best = None
-        for bsize, ptr in window:
+        for bsize, ptr in blocks:
             if ptr == top:
                 continue
             for at in ((ptr,) if bsize == size else (ptr, ptr + bsize - size)):
                 lo, hi = (at - base) // page, (at + size - 1 - base) // page + 1
                 missing = sum(b - a for a, b in cov.gaps(lo, hi))
                 if best is None or missing < best[0]:
-                    best = (missing, bsize, ptr, at)
+                    best = (missing, ptr, at)
                 if missing == 0:
-                    break
-            if best[0] == 0:
-                break
-        if best is None or (best[2] == window[0][1] and best[3] == best[2]):
-            return None  # the plain best fit is the choice
-        _, _, ptr, at = best
-        free.cut(ptr, at, size)
-        return at
+                    return best
+        return best
 
     def _fit_fewest_missing(self, free: FreeList, size: int) -> int | None:
         """Cut ``size`` bytes from the free block (at either end) that needs the fewest pages mapped,
         over every free block that holds it (the footprint limit's last placement before a refusal);
         None when nothing fits."""
-        page, base, cov = self.page, self.base, self._cov
-        best = None
-        for ptr, bsize in free.start.items():
-            if bsize < size:
-                continue
-            for at in ((ptr,) if bsize == size else (ptr, ptr + bsize - size)):
-                lo, hi = (at - base) // page, (at + size - 1 - base) // page + 1
-                missing = sum(b - a for a, b in cov.gaps(lo, hi))
-                if best is None or missing < best[0]:
-                    best = (missing, ptr, at)
+        best = self._least_missing([(n, p) for p, n in free.start.items() if n >= size], size)
         if best is None:
             return None
         _, ptr, at = best
@@ -401,8 +398,7 @@ class _VirtualChunks(ChunkSource):
         if short:
             self._unmap_free(missing - self._spare_bytes, release_large=True)
             if limit is not None:
-                live = self.arena.live_total() + size
-                self._check_bound(missing // page, size, limit, self._bound(live, limit))
+                self._check_bound(missing // page, size, limit, self.arena.live_total() + size)
         elif limit is not None:
             self._make_room(missing // page, size, limit)
         run = self._run_pages
@@ -523,23 +519,21 @@ class _VirtualChunks(ChunkSource):
         more than ``limit`` x the live high-water mark, unmap mappings lying wholly in free memory
         (highest addresses first, so the mapped memory stays packed low) and keep their physical
         allocations spare, to be mapped where they are needed. If the physical memory would still pass
-        the limit's hard bound (:meth:`_bound`), raise :class:`FootprintLimitError`: nothing is
+        the limit's hard bound (:meth:`_check_bound`), raise :class:`FootprintLimitError`: nothing is
         created."""
         page = self.page
         live = self.arena.live_total() + size
         self._live_high = high = max(self._live_high, live)
-        bound = self._bound(live, limit)
         create = max(0, pages * page - self._spare_bytes)
         self._unmap_free(self._mapped + self._spare_bytes + create - int(limit * high))
-        self._check_bound(pages, size, limit, bound)
+        self._check_bound(pages, size, limit, live)
 
-    def _bound(self, live: int, limit: float) -> int:
-        """The hard bound on physical memory with ``live`` bytes about to be live: the high-water mark
-        of ``limit`` x live bytes + one page per live allocation (this one included). It rises only
-        when the mapping it allows is made (:meth:`_check_bound`): a refused request raises nothing."""
-        return max(self._allowance, int(limit * live) + self.page * (len(self.arena.live) + 1))
-
-    def _check_bound(self, pages: int, size: int, limit: float, bound: int) -> None:
+    def _check_bound(self, pages: int, size: int, limit: float, live: int) -> None:
+        """Creating ``pages`` more pages for a ``size``-byte block, ``live`` bytes live with it, must
+        keep the physical memory within the hard bound: the high-water mark of ``limit`` x live bytes
+        + one page per live allocation (this one included). Else :class:`FootprintLimitError`; the
+        mark rises only when the mapping it allows is made (a refused request raises nothing)."""
+        bound = max(self._allowance, int(limit * live) + self.page * (len(self.arena.live) + 1))
         held = self._mapped + self._spare_bytes
         after = held + max(0, pages * self.page - self._spare_bytes)
         if after > bound:

@@ -237,10 +237,11 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
             self.peak, self.peak_count = max(self.peak, b), max(self.peak_count, n)
             for f in self.frames:
                 f[4], f[5] = max(f[4], b), max(f[5], n)
-            for r in self.limited:  # blocks outside the model: their grain counted in full
+            if self.limited:  # blocks outside the model: their grain counted in full
                 grained = sum((m.nbytes + 255) & -256 for m in self.model.values()) + extra_bytes + 256 * extra_count
-                self.footprint_bound = max(self.footprint_bound, int(r.options.footprint_limit * grained)
-                                           + r.page_size * n)
+                for r in self.limited:
+                    self.footprint_bound = max(self.footprint_bound, int(r.options.footprint_limit * grained)
+                                               + r.page_size * n)
 
         def _counted_outside(self, n: int) -> None:
             """A block of ``n`` bytes was allocated through the stack but is not in the model (a rule
