@@ -326,3 +326,13 @@ def test_a_block_outliving_its_allocator_still_goes_home(sim4, cupy):
     del blocks
     gc.collect()
     assert mr.statistics.current_bytes == 0
+
+
+def test_allocator_hooks_refuse_bad_arguments_by_name(sim):
+    from mrkit.cupy import AllocatorHooks
+    with pytest.raises(TypeError, match="get_stream must be a callable"):
+        AllocatorHooks(None, 5)
+    with pytest.raises(TypeError, match="mr must be a MemoryResource"):
+        AllocatorHooks("pool(device)")
+    with pytest.raises(ValueError, match="not device-accessible"):
+        AllocatorHooks(mrkit.HostMemoryResource())

@@ -200,6 +200,8 @@ class AllocatorHooks:
     def __init__(self, mr: MemoryResource | None = None, get_stream=None) -> None:
         if get_stream is None:
             get_stream = lambda device_id: DEFAULT_STREAM  # noqa: E731
+        elif not callable(get_stream):
+            raise TypeError(f"get_stream must be a callable(device_id) -> stream, not {type(get_stream).__name__}")
         self.resource = mr
         self.table = table = _Table()
         self._resources: dict = {}  # device -> the current resource its hooks were bound to (mr=None)
