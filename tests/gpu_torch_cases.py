@@ -174,5 +174,111 @@ def case_cupy_and_torch_share_one_pool():
     print(f"ok one pool, {mr.statistics.current_count} live blocks from CuPy and PyTorch")
 
 
+def _fill_free_refill(tensor_mib: int = 64, big_mib: int = 200) -> int:
+    """Tensors of ``tensor_mib`` until OutOfMemoryError, all freed, then one of ``big_mib`` written
+    and read back; the number that fitted."""
+    held = []
+    try:
+        while len(held) < 1000:
+            held.append(torch.empty(tensor_mib << 20, dtype=torch.uint8, device="cuda"))
+    except torch.cuda.OutOfMemoryError:
+        pass
+    n = len(held)
+    assert 0 < n < 1000, n
+    del held
+    big = torch.empty(big_mib << 20, dtype=torch.uint8, device="cuda")
+    big.fill_(7)
+    assert int(big[-1]) == 7 and int(big.sum(dtype=torch.int64)) == 7 * (big_mib << 20)
+    del big
+    return n
+
+
+def _pool_segments(mp) -> int:
+    return sum(seg["total_size"] for seg in mp.snapshot())
+
+
+def case_pool_under_limit_gives_cached_segments_back():
+    """Issue 32: under pool(LimitingAdaptor(..., 256 MiB)) 64 MiB tensors to OOM, all freed, then 200 MiB
+    raised OOM again: the segments stayed cached in PyTorch's MemPool. PyTorch's own allocator under
+    the same limit (set_per_process_memory_fraction) fits it; so must mrkit's pool."""
+    limit = 256 << 20
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(limit / total)
+    theirs = _fill_free_refill()  # PyTorch's own allocator, for comparison
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    torch.cuda.empty_cache()
+    mr = LimitingAdaptor(PoolResource(DeviceMemoryResource(0)), limit)
+    from mrkit._engine import core_name
+    if core_name() != "compiled":  # documented: the Python build's ctypes free must take the GIL
+        try:
+            with mt.pool(mr):
+                _fill_free_refill()
+        except torch.cuda.OutOfMemoryError:
+            print("ok Python build: the cached segments stay in PyTorch's pool (documented)")
+            return
+        raise AssertionError("the Python build fitted 200 MiB: update the docs")
+    with mt.pool(mr) as mp:
+        ours = _fill_free_refill()
+        ours_again = _fill_free_refill()  # and again: nothing is lost on the way
+    mt.apply_queued_frees()
+    a = mp.mrkit
+    # every byte mrkit counts is a segment PyTorch holds in the pool, and the limit held throughout
+    assert a.live_bytes == mr.used_bytes == _pool_segments(mp) <= limit, (a.live_bytes, mr.used_bytes, _pool_segments(mp))
+    assert a.failures >= 2 and a.foreign_frees == 0
+    print(f"ok PyTorch's own fitted {theirs} x 64 MiB then 200 MiB; mrkit's pool {ours} and {ours_again} "
+          f"then 200 MiB each time ({a.failures} refusals given back by PyTorch's cache)")
+
+
+def case_pool_under_limit_without_release_keeps_the_old_failure():
+    """The same pattern with mrkit's setting turned off (RELEASE_SPLIT_MB = None): PyTorch keeps the
+    freed segments cached in the MemPool and the 200 MiB tensor is refused, the failure issue 32
+    reported. Shows that the case above tests the setting."""
+    import mrkit.integrations.torch as it
+    it.RELEASE_SPLIT_MB = None
+    mr = LimitingAdaptor(PoolResource(DeviceMemoryResource(0)), 256 << 20)
+    try:
+        with mt.pool(mr):
+            _fill_free_refill()
+    except torch.cuda.OutOfMemoryError:
+        print("ok without the setting the 200 MiB tensor is refused (the cached segments stay in the pool)")
+    else:
+        raise AssertionError("the 200 MiB tensor fitted without the setting")
+
+
+def case_pool_under_limit_with_a_thread_freeing_beside_it():
+    """PyTorch gives cached segments back under its allocator lock, from the allocating thread, which
+    has released the GIL; a thread freeing tensors holds the GIL and waits for that lock. mrkit's free
+    callback must not wait for the GIL there (a deadlock): it queues the free. Conservation at the end."""
+    from mrkit._engine import core_name
+    if core_name() != "compiled":
+        print("ok Python build: no segments are given back on OOM, so no free runs under PyTorch's lock")
+        return
+    mr = LimitingAdaptor(PoolResource(DeviceMemoryResource(0)), 256 << 20)
+    stop, errors, made = threading.Event(), [], []
+
+    def freeing():
+        try:
+            while not stop.is_set():
+                made.append(torch.empty(1 << 20, dtype=torch.uint8, device="cuda"))  # PyTorch's own pool
+                while len(made) > 4:
+                    made.pop(0)  # freed here, with the GIL held: PyTorch's free takes its lock
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+    t = threading.Thread(target=freeing)
+    t.start()
+    try:
+        with mt.pool(mr) as mp:
+            fitted = [_fill_free_refill() for _ in range(20)]
+    finally:
+        stop.set()
+        t.join()
+    made.clear()
+    mt.apply_queued_frees()
+    assert not errors, errors
+    a = mp.mrkit
+    assert a.live_bytes == mr.used_bytes == _pool_segments(mp) <= 256 << 20 and a.foreign_frees == 0
+    print(f"ok 20 rounds beside a freeing thread, no deadlock; fitted {sorted(set(fitted))} x 64 MiB")
+
+
 if __name__ == "__main__":
     globals()["case_" + sys.argv[1]]()

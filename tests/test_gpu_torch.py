@@ -26,7 +26,10 @@ def _case(name: str, timeout: int = 150) -> str:
 
 @pytest.mark.parametrize("name", ["training_same_loss_in_a_pool", "two_threads_pool", "two_threads_installed",
                                   "oom_is_typed", "install_after_pytorch_allocated",
-                                  "install_refusal_is_typed_never_null", "cupy_and_torch_share_one_pool"])
+                                  "install_refusal_is_typed_never_null", "cupy_and_torch_share_one_pool",
+                                  "pool_under_limit_gives_cached_segments_back",
+                                  "pool_under_limit_without_release_keeps_the_old_failure",
+                                  "pool_under_limit_with_a_thread_freeing_beside_it"])
 def test_torch_case(gpu, name):
     _case(name)
 

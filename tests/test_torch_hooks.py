@@ -68,6 +68,7 @@ def test_the_c_callbacks_allocate_free_and_refuse_like_pytorch_expects(sim, monk
     c_free(p, 1 << 20, 0, s.handle)
     c_free(q, 3000, 0, None)
     c_free(0xdead000, 64, 0, None)  # a pointer never handed out: counted, never raised into C
+    mt.apply_queued_frees()  # ctypes calls without the GIL: the compiled build may have queued them
     assert a.live_bytes == 0 and mr.used_bytes == 0 and a.foreign_frees == 1
 
 
@@ -147,6 +148,7 @@ def test_the_callbacks_from_several_threads_with_release_beside_them_lose_nothin
     stop.set()
     rel.join()
     assert not errors, errors
+    mt.apply_queued_frees()  # the workers' frees ran without the GIL: the compiled build queued some
     assert a.live_bytes == 0 and a.failures == 0 and a.foreign_frees == 0 and pool.live_bytes == 0
     for s in streams:
         s.synchronize()
@@ -155,17 +157,72 @@ def test_the_callbacks_from_several_threads_with_release_beside_them_lose_nothin
 
 
 @pytest.mark.parametrize("has_new", [True, False])
-def test_the_lock_setting_uses_pytorchs_current_name_and_the_old_one_only_where_it_is_all(has_new):
+@pytest.mark.parametrize("queues", [True, False])
+def test_the_settings_use_pytorchs_current_name_and_keep_the_users_own(has_new, queues, monkeypatch):
     """PyTorch 2.11 deprecates torch.cuda.memory._set_allocator_settings (a FutureWarning, which the
-    H200 run turned into a failure of example 13): the accelerator-wide setter comes first."""
-    from mrkit.integrations.torch import _release_lock_around_segments
+    H200 run turned into a failure of example 13): the accelerator-wide setter comes first. The
+    user's PYTORCH_CUDA_ALLOC_CONF is restated (a settings call may reset what it does not name);
+    max_split_size_mb only where frees are queued (the compiled build) and the user set none."""
+    from mrkit.integrations.torch import RELEASE_SPLIT_MB, _configure
     calls = []
     torch = types.SimpleNamespace(_C=types.SimpleNamespace(), cuda=types.SimpleNamespace(memory=types.SimpleNamespace(
         _set_allocator_settings=lambda s: calls.append(("old", s)))))
     if has_new:
         torch._C._accelerator_setAllocatorSettings = lambda s: calls.append(("new", s))
-    _release_lock_around_segments(torch)
-    assert calls == [("new" if has_new else "old", "release_lock_on_cudamalloc:True")]
+    alloc = types.SimpleNamespace(queues_frees=queues)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    _configure(torch, alloc)
+    split = f",max_split_size_mb:{RELEASE_SPLIT_MB}" if queues else ""
+    assert calls == [("new" if has_new else "old", "release_lock_on_cudamalloc:True" + split)]
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128,garbage_collection_threshold:0.6")
+    _configure(torch, alloc)
+    assert calls[-1][1] == "max_split_size_mb:128,garbage_collection_threshold:0.6,release_lock_on_cudamalloc:True"
+
+
+def test_a_free_without_the_gil_is_queued_never_waited_for_and_applied_before_the_next_allocation(sim, monkeypatch):
+    """PyTorch gives cached segments back under its allocator lock, from a thread that may not hold the
+    GIL; a thread holding the GIL may be waiting for that lock (freeing a tensor). The compiled
+    build's free callback therefore queues such a free instead of taking the GIL: the worker's call
+    returns having applied nothing, and the free is applied once, on a thread that holds the GIL (the
+    main thread's pending call, or the next allocation, which drains the queue first: the retry after
+    PyTorch's release must see the memory back)."""
+    import threading
+    from mrkit._engine import core_name
+    if core_name() != "compiled":
+        pytest.skip("the Python build's ctypes callbacks always take the GIL (nothing is queued)")
+    torch = _fake_torch(monkeypatch)
+    import mrkit.torch as mt
+    mr = LimitingAdaptor(PoolResource(DeviceMemoryResource()), 8 << 20)
+    a = mt.allocator(mr)
+    assert a.queues_frees  # runs before the test below gives every C slot out
+    c_alloc, c_free = torch.made[-1]
+    applied = []
+    real_free = a.free
+
+    def free(ptr, size, device, stream):
+        applied.append(threading.get_ident())
+        real_free(ptr, size, device, stream)
+    a.free = free
+    p = c_alloc(8 << 20, 0, None)
+    assert p and c_alloc(1 << 20, 0, None) is None  # the limit is reached
+    seen = []
+    t = threading.Thread(target=lambda: (c_free(p, 8 << 20, 0, None), seen.append(threading.get_ident())))
+    t.start()
+    t.join()
+    mt.apply_queued_frees()
+    assert len(applied) == 1 and applied[0] != seen[0]  # applied once, and not by the worker that freed
+    q = c_alloc(8 << 20, 0, None)  # the whole limit is free again
+    assert q and a.live_bytes == 8 << 20
+    # a queued free is applied before the next allocation: the retry sees the memory back at once
+    t = threading.Thread(target=lambda: c_free(q, 8 << 20, 0, None))
+    t.start()
+    t.join()
+    r = c_alloc(8 << 20, 0, None)
+    assert r and len(applied) == 2 and mr.used_bytes == 8 << 20
+    c_free(r, 8 << 20, 0, None)
+    mt.apply_queued_frees()
+    assert a.live_bytes == 0 and mr.used_bytes == 0 and mt.apply_queued_frees() == 0
 
 
 def test_the_compiled_build_hands_pytorch_c_functions_of_its_own_and_ctypes_past_its_slots(sim, monkeypatch):
@@ -185,6 +242,7 @@ def test_the_compiled_build_hands_pytorch_c_functions_of_its_own_and_ctypes_past
         ptr = c_alloc(4096, 0, s.handle)
         assert ptr and a.live_bytes == 4096
         c_free(ptr, 4096, 0, s.handle)
+        mt.apply_queued_frees()
         assert a.live_bytes == 0 and a.foreign_frees == 0
     if core_name() == "compiled":
         assert kinds[0] == "c" and kinds[-1] == "ctypes"  # 64 slots a process: some went to earlier tests

@@ -58,6 +58,14 @@ def torch_callbacks(callbacks):
     return _hotc.torch_callbacks(callbacks)
 
 
+def drain_torch_frees() -> int:
+    """Apply the PyTorch frees still queued by the compiled build's C callbacks (frees made from threads
+    without the GIL); the number applied (always 0 in the Python build, which queues none)."""
+    if _hotc is None:
+        return 0
+    return _hotc.drain_torch_frees()
+
+
 def rounding_call(inner, unit: int):
     """``call(size) -> inner(size rounded up to unit)``, compiled (``None`` in the Python build)."""
     return None if _hotc is None else _hotc.RoundingCall(inner, unit)

@@ -13,6 +13,7 @@ device)``, ``void free(void *self, void *ptr, int device)``), the signature of C
 from cpython.dict cimport PyDict_GetItem
 from cpython.ref cimport PyObject
 from libc.stdint cimport intptr_t
+from libc.stdlib cimport free, realloc
 
 from mrkit._resource import DEFAULT_ALIGNMENT
 from mrkit._stream import Stream
@@ -420,7 +421,36 @@ cdef extern from *:
 cdef list _torch_slots = []
 
 
+# A free PyTorch makes from a thread that does not hold the GIL (its OOM path releasing cached segments
+# under its allocator lock, a C++ thread) is queued in C and applied later with the GIL: waiting for the
+# GIL there could deadlock against a thread that holds the GIL and waits for PyTorch's lock (freeing a
+# tensor). The queue is applied before every allocation, by a pending call on the main thread soon
+# after, and by ``drain_torch_frees()``.
+cdef extern from "Python.h":
+    int PyGILState_Check() nogil
+    int Py_AddPendingCall(int (*func)(void*) noexcept, void *arg) nogil
+cdef extern from "pythread.h":
+    ctypedef void *PyThread_type_lock
+    PyThread_type_lock PyThread_allocate_lock()
+    int PyThread_acquire_lock(PyThread_type_lock lock, int waitflag) nogil
+    void PyThread_release_lock(PyThread_type_lock lock) nogil
+
+ctypedef struct _PendingFree:
+    int slot
+    void *ptr
+    size_t nbytes
+    int device
+    void *stream
+
+cdef _PendingFree *_pending = NULL
+cdef Py_ssize_t _pending_len = 0
+cdef Py_ssize_t _pending_cap = 0
+cdef bint _drain_scheduled = 0
+cdef PyThread_type_lock _pending_lock = PyThread_allocate_lock()
+
+
 cdef void *_talloc(int slot, size_t nbytes, int device, void *stream) noexcept with gil:
+    _drain()
     try:
         ptr = _torch_slots[slot].alloc(nbytes, device, <intptr_t>stream)
     except BaseException:  # the callbacks catch everything; a refusal is NULL, never an exception
@@ -428,12 +458,77 @@ cdef void *_talloc(int slot, size_t nbytes, int device, void *stream) noexcept w
     return NULL if ptr is None else <void*><intptr_t>ptr
 
 
-cdef void _tfree(int slot, void *ptr, size_t nbytes, int device, void *stream) noexcept with gil:
-    _torch_slots[slot].free(<intptr_t>ptr, nbytes, device, <intptr_t>stream)
+cdef void _free_now(int slot, void *ptr, size_t nbytes, int device, void *stream) noexcept with gil:
+    try:
+        _torch_slots[slot].free(<intptr_t>ptr, nbytes, device, <intptr_t>stream)
+    except BaseException:  # the callbacks catch everything; nothing may escape into C
+        pass
+
+
+cdef bint _queue(int slot, void *ptr, size_t nbytes, int device, void *stream) noexcept nogil:
+    """Queue a free (no GIL needed); false when the queue cannot grow."""
+    cdef _PendingFree *grown
+    cdef bint schedule
+    PyThread_acquire_lock(_pending_lock, 1)
+    global _pending, _pending_len, _pending_cap, _drain_scheduled
+    if _pending_len == _pending_cap:
+        grown = <_PendingFree*>realloc(_pending, (2 * _pending_cap + 16) * sizeof(_PendingFree))
+        if grown is NULL:
+            PyThread_release_lock(_pending_lock)
+            return 0
+        _pending, _pending_cap = grown, 2 * _pending_cap + 16
+    _pending[_pending_len].slot = slot
+    _pending[_pending_len].ptr = ptr
+    _pending[_pending_len].nbytes = nbytes
+    _pending[_pending_len].device = device
+    _pending[_pending_len].stream = stream
+    _pending_len += 1
+    schedule = not _drain_scheduled
+    _drain_scheduled = 1
+    PyThread_release_lock(_pending_lock)
+    if schedule and Py_AddPendingCall(_drain_soon, NULL) != 0:
+        _drain_scheduled = 0  # the interpreter's queue is full: the next allocation drains
+    return 1
+
+
+cdef void _tfree(int slot, void *ptr, size_t nbytes, int device, void *stream) noexcept nogil:
+    if PyGILState_Check() or not _queue(slot, ptr, nbytes, device, stream):
+        _free_now(slot, ptr, nbytes, device, stream)
+
+
+cdef Py_ssize_t _drain() noexcept with gil:
+    """Apply every queued free (GIL held); the number applied."""
+    cdef _PendingFree *batch
+    cdef Py_ssize_t n, i, done = 0
+    global _pending, _pending_len, _pending_cap, _drain_scheduled
+    while True:
+        with nogil:
+            PyThread_acquire_lock(_pending_lock, 1)
+        batch, n = _pending, _pending_len
+        _pending, _pending_len, _pending_cap = NULL, 0, 0
+        _drain_scheduled = 0
+        PyThread_release_lock(_pending_lock)
+        if n == 0:
+            free(batch)
+            return done
+        for i in range(n):
+            _free_now(batch[i].slot, batch[i].ptr, batch[i].nbytes, batch[i].device, batch[i].stream)
+        free(batch)
+        done += n
+
+
+cdef int _drain_soon(void *arg) noexcept with gil:
+    _drain()
+    return 0
 
 
 mrkit_talloc_impl = _talloc
 mrkit_tfree_impl = _tfree
+
+
+def drain_torch_frees():
+    """Apply the frees PyTorch made from threads without the GIL that are still queued; the number."""
+    return _drain()
 
 
 def torch_callbacks(callbacks):

@@ -28,16 +28,27 @@ on. The callbacks take the GIL; see docs/guide.md for the lock-order note (teste
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
+import os
 import threading
 from contextlib import contextmanager
 
 from .._current import get_current_resource
+from .._engine import drain_torch_frees
 from .._engine import torch_callbacks as c_callbacks
 from .._resource import MemoryResource
 from .._stream import DEFAULT_STREAM, Stream
 
-__all__ = ["AllocatorCallbacks", "TorchAllocator", "allocator", "pool", "install"]
+__all__ = ["AllocatorCallbacks", "TorchAllocator", "allocator", "pool", "install", "apply_queued_frees",
+           "RELEASE_SPLIT_MB"]
+
+RELEASE_SPLIT_MB = 32
+"""PyTorch's ``max_split_size_mb`` that :func:`pool` and :func:`install` set in the compiled build
+(unless ``PYTORCH_CUDA_ALLOC_CONF``/``PYTORCH_ALLOC_CONF`` sets one): PyTorch then gives cached free
+segments of at least this size back to mrkit before an out-of-memory refusal stands, which it never
+does for a ``MemPool`` in use otherwise. ``None`` (set before the first ``pool()``/``install()``)
+leaves PyTorch's setting alone."""
 
 _ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
 _FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
@@ -136,13 +147,16 @@ class AllocatorCallbacks:
 class TorchAllocator(AllocatorCallbacks):
     """mrkit's resources as a PyTorch CUDA allocator: :class:`AllocatorCallbacks` made C-callable
     (the compiled build's C functions, else ``ctypes``) and handed to PyTorch. ``allocator`` is
-    PyTorch's allocator object (for ``torch.cuda.MemPool(...)``); ``addresses`` the two functions'."""
+    PyTorch's allocator object (for ``torch.cuda.MemPool(...)``); ``addresses`` the two functions'.
+    ``queues_frees``: the compiled build's C functions, whose frees from a thread without the GIL are
+    queued (see :func:`apply_queued_frees`) instead of waiting for the GIL."""
 
     def __init__(self, mr: MemoryResource | None = None) -> None:
         torch = _torch()
         make = _internal(torch, "torch._C._cuda_customAllocator")
         super().__init__(mr)
         self.addresses = c_callbacks(self)  # the compiled build's C functions
+        self.queues_frees = self.addresses is not None  # frees without the GIL are queued, not waited on
         if self.addresses is None:  # the Python build (or every C slot taken): ctypes trampolines
             self._c_alloc, self._c_free = _ALLOC(self.alloc), _FREE(self.free)
             self.addresses = (ctypes.cast(self._c_alloc, ctypes.c_void_p).value,
@@ -165,8 +179,8 @@ def pool(mr: MemoryResource | None = None, *, device=None):
     torch = _torch()
     MemPool = _internal(torch, "torch.cuda.MemPool")
     use_mem_pool = _internal(torch, "torch.cuda.use_mem_pool")
-    _release_lock_around_segments(torch)
     alloc = allocator(mr)
+    _configure(torch, alloc)
     mp = MemPool(alloc.allocator)
     mp.mrkit = alloc
     _keep.append(mp)  # PyTorch frees the pool's segments through mrkit when it empties it, even later
@@ -179,15 +193,38 @@ def pool(mr: MemoryResource | None = None, *, device=None):
         raise
 
 
-def _release_lock_around_segments(torch) -> None:
-    """Ask PyTorch's caching allocator to drop its lock while it gets a new segment (its
-    ``release_lock_on_cudamalloc`` setting), so mrkit's callback, which needs the GIL, never waits
-    for it while holding that lock, which a thread freeing a tensor under the GIL may be waiting for."""
+def _configure(torch, alloc: "TorchAllocator") -> None:
+    """PyTorch's allocator settings mrkit needs (process-wide; the user's own settings are kept):
+
+    * ``release_lock_on_cudamalloc``: PyTorch drops its lock while it gets a new segment, so mrkit's
+      callback, which needs the GIL, never waits for it while holding that lock, which a thread
+      freeing a tensor under the GIL may be waiting for;
+    * ``max_split_size_mb`` (:data:`RELEASE_SPLIT_MB`, compiled build only): when mrkit refuses a
+      segment, PyTorch gives cached free segments of the pool in use back and retries before it
+      raises. It frees them under its lock, from a thread that may not hold the GIL: the compiled
+      build's free callback queues such frees without waiting for the GIL (they are applied before
+      the retry's allocation). The Python build's ``ctypes`` callback must take the GIL, which could
+      deadlock there, so it leaves this setting alone."""
     settings = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # PyTorch >= 2.9
     if settings is None:  # older PyTorch (the name above deprecates this one)
         settings = getattr(getattr(torch.cuda, "memory", None), "_set_allocator_settings", None)
-    if settings is not None:
-        settings("release_lock_on_cudamalloc:True")
+    if settings is None:
+        return
+    user = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF") or ""
+    parts = [p for p in user.split(",") if p.strip()]  # restated: a settings call may reset the rest
+    parts.append("release_lock_on_cudamalloc:True")
+    if alloc.queues_frees and RELEASE_SPLIT_MB and "max_split_size_mb" not in user:
+        parts.append(f"max_split_size_mb:{RELEASE_SPLIT_MB}")
+    settings(",".join(parts))
+
+
+def apply_queued_frees() -> int:
+    """Apply the frees PyTorch made from threads without the GIL that the compiled build queued (they
+    are applied anyway before the next allocation and soon after on the main thread); the number."""
+    return drain_torch_frees()
+
+
+atexit.register(drain_torch_frees)
 
 
 def install(mr: MemoryResource | None = None) -> TorchAllocator:
@@ -204,8 +241,8 @@ def install(mr: MemoryResource | None = None) -> TorchAllocator:
     torch = _torch()
     MemPool = _internal(torch, "torch.cuda.MemPool")
     begin = _internal(torch, "torch._C._cuda_beginAllocateToPool")
-    _release_lock_around_segments(torch)
     alloc = allocator(mr)
+    _configure(torch, alloc)
     devices = [mr.device_id or 0] if mr is not None else list(range(torch.cuda.device_count()))
     alloc.pools = []
     for d in devices:
