@@ -1,0 +1,128 @@
+"""Where the time of ``cupy.empty`` through mrkit goes, beside CuPy's own pool and beside the floor of
+any allocator CuPy can be given.
+
+The floor is CuPy's ``CFunctionAllocator`` over two C functions that do nothing (``malloc`` returns
+one fixed device address, ``free`` returns): what ``cupy.empty`` costs through any allocator hook
+before the allocator does any work. The rows, microseconds per ``cupy.empty`` + drop (256 B), best of
+``--rounds``:
+
+* ``cupy pool``: CuPy's default ``MemoryPool`` (its allocator's own fast path, no hook);
+* ``floor (C hook)``: the do-nothing C functions, with ``mrkit.cupy``'s 512-byte rounding in front;
+* ``floor (C hook, no rounding)``: the do-nothing C functions called directly;
+* ``mrkit``: ``mrkit.cupy.allocator(PoolResource(DeviceMemoryResource(0)))``;
+
+and the parts of mrkit's hook, called from Python: the hook pair (``malloc`` + ``free`` of the pool's
+hot path), ``cupy.cuda.get_current_stream(0)``, ``cupy.cuda.device.get_device_id()``.
+
+    python benchmarks/bench_cupy_route.py [--json out.json]
+
+Needs a GPU, CuPy and a C compiler (``cc``) for the floor's two functions.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+_FLOOR_C = r"""
+void *floor_malloc(void *param, unsigned long nbytes, int device) { return *(void **)param; }
+void floor_free(void *param, void *ptr, int device) { }
+"""
+
+
+def _floor_library():
+    d = tempfile.mkdtemp()
+    src, lib = os.path.join(d, "floor.c"), os.path.join(d, "floor.so")
+    Path(src).write_text(_FLOOR_C)
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", src, "-o", lib], check=True)
+    return ctypes.CDLL(lib)
+
+
+def _per_call(fn, count: int, rounds: int) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn(count)
+        best = min(best, (time.perf_counter() - t0) / count * 1e6)
+    return best
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--count", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    import cupy
+    import mrkit.cupy
+    from mrkit import DeviceMemoryResource, PoolResource
+    from mrkit._engine import core_description, rounding_call
+
+    lib = _floor_library()
+    base = cupy.cuda.runtime.malloc(1 << 20)
+    cell = ctypes.c_void_p(base)
+    addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+    floor = cupy.cuda.memory.CFunctionAllocator(ctypes.addressof(cell), addr(lib.floor_malloc),
+                                                addr(lib.floor_free), (lib, cell))
+    rounded = rounding_call(floor.malloc, 512)
+    if rounded is None:  # the Python build has no compiled rounding: the same in Python
+        m = floor.malloc
+        rounded = lambda size: m((size + 511) & -512)  # noqa: E731
+    mine = mrkit.cupy.allocator(PoolResource(DeviceMemoryResource(0)))
+    allocators = {"cupy pool": cupy.get_default_memory_pool().malloc, "floor (C hook)": rounded,
+                  "floor (C hook, no rounding)": floor.malloc, "mrkit": mine}
+    empty, u8 = cupy.empty, cupy.uint8
+
+    def pairs(count):
+        for _ in range(count):
+            a = empty(256, dtype=u8)
+            del a
+    rows = {}
+    for name, fn in allocators.items():
+        cupy.cuda.set_allocator(fn)
+        pairs(1000)
+        rows[name] = _per_call(pairs, args.count, args.rounds)
+    cupy.cuda.set_allocator(allocators["cupy pool"])
+
+    hook_malloc, hook_free, _, _ = mine.hooks.hooks(0)
+
+    def hook_pairs(count):
+        for _ in range(count):
+            hook_free(hook_malloc(512, 0), 0)
+    gcs, gdi = cupy.cuda.get_current_stream, cupy.cuda.device.get_device_id
+
+    def stream_calls(count):
+        for _ in range(count):
+            gcs(0)
+
+    def device_calls(count):
+        for _ in range(count):
+            gdi()
+
+    def empty_loop(count):
+        for _ in range(count):
+            pass
+    loop = _per_call(empty_loop, args.count, args.rounds)
+    parts = {"hook pair (Python call)": _per_call(hook_pairs, args.count, args.rounds) - loop,
+             "get_current_stream(0)": _per_call(stream_calls, args.count, args.rounds) - loop,
+             "get_device_id()": _per_call(device_calls, args.count, args.rounds) - loop}
+    res = {"core": core_description(), "cupy": cupy.__version__, "empty pair 256 (us)": rows,
+           "parts (us, loop subtracted)": parts,
+           "ratios to cupy pool": {k: v / rows["cupy pool"] for k, v in rows.items()}}
+    print(json.dumps(res, indent=1))
+    cupy.cuda.runtime.free(base)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    return res
+
+
+if __name__ == "__main__":
+    main()
