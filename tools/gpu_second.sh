@@ -7,8 +7,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 timeout 60 python3 setup.py build_ext --inplace > "$OUT/build.txt" 2>&1; echo "build rc=$?" >> "$OUT/build.txt"
 MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1 timeout ${TORCH_TIME:-150} python3 -X faulthandler -m pytest -q -p no:cacheprovider -rfExs \
   ${TORCH_TESTS:-tests/test_gpu_torch.py tests/test_torch_hooks.py} > "$OUT/torch.txt" 2>&1; echo "rc=$?" >> "$OUT/torch.txt"
-timeout 60 python3 benchmarks/bench_cupy_route.py --json "$OUT/route_compiled.json" > "$OUT/route.txt" 2>&1
-MRKIT_NO_EXTENSIONS=1 timeout 60 python3 benchmarks/bench_cupy_route.py --json "$OUT/route_python.json" >> "$OUT/route.txt" 2>&1
+timeout 60 python3 benchmarks/bench_cupy_route.py > "$OUT/route.txt" 2>&1
+MRKIT_NO_EXTENSIONS=1 timeout 60 python3 benchmarks/bench_cupy_route.py >> "$OUT/route.txt" 2>&1
 CT=.scratch/cupy_tests/tests/cupy_tests
 printf '[pytest]\naddopts = -p no:randomly\n' > .scratch/cupy_tests/tests/pytest.ini
 for build in compiled python; do
@@ -18,8 +18,10 @@ for build in compiled python; do
   echo "rc=$?" >> "$OUT/cupy_$build.txt"
 done
 unset MRKIT_NO_EXTENSIONS
+timeout 40 python3 benchmarks/bench_core.py --quick --rounds 3 > "$OUT/bench_compiled.txt" 2>&1
+MRKIT_NO_EXTENSIONS=1 timeout 40 python3 benchmarks/bench_core.py --quick --rounds 3 > "$OUT/bench_python.txt" 2>&1
 [ -n "${WORKLOAD:-}" ] && timeout ${WORKLOAD_TIME:-150} python3 benchmarks/bench_workload.py --ops 1000 --timeout 40 \
-  --no-fragmentation --only "$WORKLOAD" --json "$OUT/workload.json" > "$OUT/workload.txt" 2>&1
+  --no-fragmentation --only "$WORKLOAD" --json "$OUT/workload.json" > /tmp/workload.txt 2>&1
 tail -n 4 "$OUT/torch.txt"; grep -E "us\"|ratio|: [0-9]" "$OUT/route.txt" | head -40
 for f in "$OUT"/cupy_*.txt; do echo "== $f"; grep -E "passed|failed|mrkit-cupy|^rc=" $f | tail -n 3; done
-grep "^|" "$OUT/workload.txt" 2>/dev/null; tail -n 1 "$OUT/build.txt"
+tail -n 10 "$OUT"/bench_*.txt; grep "^|" /tmp/workload.txt 2>/dev/null; tail -n 1 "$OUT/build.txt"

@@ -106,9 +106,25 @@ cdef class _Base:
         return 0
 
 
+cdef extern from "Python.h":
+    long long PyLong_AsLongLongAndOverflow(object obj, int *overflow) except? -1
+
+
 cdef inline bint _fast_size(object nbytes) except -1:
     """An exact int request the cache can serve (anything else takes the arena's checked path)."""
-    return type(nbytes) is int and nbytes > 0
+    cdef int overflow = 0
+    if type(nbytes) is not int:
+        return 0
+    return overflow != 0 or PyLong_AsLongLongAndOverflow(nbytes, &overflow) > 0 or overflow > 0
+
+
+cdef inline object _rounded(object nbytes):
+    """``(nbytes + 255) & -256`` for an exact int, in C where it fits."""
+    cdef int overflow = 0
+    cdef long long v = PyLong_AsLongLongAndOverflow(nbytes, &overflow)
+    if overflow or v > (1LL << 62):
+        return (nbytes + 255) & -256
+    return (v + 255) & ~255LL
 
 
 cdef class PlainPaths(_Base):
@@ -120,7 +136,7 @@ cdef class PlainPaths(_Base):
             stream = self.to_stream(stream)
         if alignment is not _DEFAULT or not _fast_size(nbytes):
             return self.allocate_slow(nbytes, stream, alignment)
-        size = (nbytes + 255) & -256
+        size = _rounded(nbytes)
         ptr = self.cached_pop(stream, size)
         if ptr is not None:
             self.live[ptr] = nbytes
@@ -137,12 +153,12 @@ cdef class PlainPaths(_Base):
                 self.locked_free(ptr, nbytes, stream, alignment)
                 return
         n = self.live.pop(ptr, None)
-        if n is None or n != nbytes:  # zero, aligned blocks, and every error: the locked path decides
+        if n is not nbytes and (n is None or n != nbytes):  # zero, aligned blocks, and every error: the locked path decides
             if n is not None:
                 self.live[ptr] = n
             self.locked_free(ptr, nbytes, stream, alignment)
             return
-        self.cache_or_free(ptr, (nbytes + 255) & -256, stream)
+        self.cache_or_free(ptr, _rounded(nbytes), stream)
 
 
 cdef class CountingPaths(_Base):
@@ -181,7 +197,7 @@ cdef class CountingPaths(_Base):
                 self.counted[ptr] = n
                 self.events.append(n)
             return ptr
-        size = (nbytes + 255) & -256
+        size = _rounded(nbytes)
         ptr = self.cached_pop(stream, size)
         if ptr is not None:
             self.live[ptr] = nbytes
@@ -201,7 +217,7 @@ cdef class CountingPaths(_Base):
                 self.free_slow(ptr, nbytes, stream, alignment)
                 return
         n = self.live.pop(ptr, None)
-        if n is None or n != nbytes:
+        if n is not nbytes and (n is None or n != nbytes):
             if n is not None:
                 self.live[ptr] = n
             self.free_slow(ptr, nbytes, stream, alignment)
@@ -210,7 +226,7 @@ cdef class CountingPaths(_Base):
             self.events.append(-nbytes)
             if len(self.events) > self.limit:
                 self.on_full()
-        self.cache_or_free(ptr, (nbytes + 255) & -256, stream)
+        self.cache_or_free(ptr, _rounded(nbytes), stream)
 
 
 cdef class HookPaths(_Base):
@@ -235,7 +251,7 @@ cdef class HookPaths(_Base):
             if ptr:
                 self.where[ptr] = stream
             return ptr
-        size = (nbytes + 255) & -256
+        size = _rounded(nbytes)
         ptr = self.cached_pop(stream, size)
         if ptr is not None:
             self.live[ptr] = nbytes
@@ -253,7 +269,7 @@ cdef class HookPaths(_Base):
         if nbytes is None:  # cannot happen while ``where`` and ``live`` agree; the lock decides
             self.locked_free(ptr, -1, stream, 256)
             return 0
-        self.cache_or_free(ptr, (nbytes + 255) & -256, stream)
+        self.cache_or_free(ptr, _rounded(nbytes), stream)
         return 0
 
     def malloc(self, nbytes, device_id):
