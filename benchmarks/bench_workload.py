@@ -39,6 +39,11 @@ _NEEDS = {"cupy": "cupy", "torch": "torch", "rmm": "rmm"}
 
 
 def plan(ops: int, max_size: int, cap: int, seed: int = 7) -> list[tuple]:
+    """The steps of one pass: ``("a", nbytes, key)`` / ``("f", nbytes, key)``, by the rules that
+    ``MRKIT_BENCH_RULES`` names (``--rules``): ``bench`` (default: grow to the cap, then frees and
+    allocations 50/50) or ``rmm`` (:func:`plan_rmm`)."""
+    if os.environ.get("MRKIT_BENCH_RULES", "bench") == "rmm":
+        return plan_rmm(ops, max_size, cap, seed)
     rng = random.Random(seed)
     steps, live, cur = [], [], 0
     filling = True
@@ -54,6 +59,28 @@ def plan(ops: int, max_size: int, cap: int, seed: int = 7) -> list[tuple]:
             steps.append(("a", n, len(steps)))
             live.append((len(steps) - 1, n))
             cur += n
+    return steps
+
+
+def plan_rmm(ops: int, max_size: int, cap: int, seed: int = 7) -> list[tuple]:
+    """RMM's ``random_allocations`` rules: each step allocates with probability 73 % (else frees a
+    random live block) until ``ops`` allocations were made; an allocation that would pass the live
+    cap frees instead; then every block still live is freed in random order."""
+    rng = random.Random(seed)
+    steps, live, cur, made = [], [], 0, 0
+    while made < ops:
+        n = rng.randint(1, max_size)
+        if live and (rng.random() >= 0.73 or cur + n > cap):
+            k, m = live.pop(rng.randrange(len(live)))
+            steps.append(("f", m, k))
+            cur -= m
+        elif cur + n <= cap:
+            steps.append(("a", n, len(steps)))
+            live.append((len(steps) - 1, n))
+            cur += n
+            made += 1
+    rng.shuffle(live)
+    steps.extend(("f", m, k) for k, m in live)
     return steps
 
 
@@ -280,9 +307,13 @@ def main(argv=None) -> None:
     ap.add_argument("--passes", type=_positive, default=3, help="timed warm passes per case (the fastest is reported)")
     ap.add_argument("--repeat", type=_positive, default=1, help="fresh processes per case (the fastest is reported)")
     ap.add_argument("--no-fragmentation", action="store_true")
+    ap.add_argument("--rules", choices=("bench", "rmm"), default=os.environ.get("MRKIT_BENCH_RULES", "bench"),
+                    help="bench: grow to the cap, then 50/50 (default); rmm: RMM's random_allocations "
+                         "(73 %% allocations until --ops allocations, then every block freed)")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     args = ap.parse_args(argv)
+    os.environ["MRKIT_BENCH_RULES"] = args.rules  # the plan of this process and of every case's process
     only = [n.strip() for o in args.only or () for n in o.split(",")]  # --only a,b or --only a --only b
     unknown = [n for n in only + ([args.case] if args.case else []) if n not in ALLOCATORS]
     if unknown:
