@@ -22,6 +22,8 @@ timeout 40 python3 benchmarks/bench_core.py --quick --rounds 3 > "$OUT/bench_com
 MRKIT_NO_EXTENSIONS=1 timeout 40 python3 benchmarks/bench_core.py --quick --rounds 3 > "$OUT/bench_python.txt" 2>&1
 [ -n "${WORKLOAD:-}" ] && timeout ${WORKLOAD_TIME:-150} python3 benchmarks/bench_workload.py --ops 1000 --timeout 40 \
   --no-fragmentation --only "$WORKLOAD" --json "$OUT/workload.json" > /tmp/workload.txt 2>&1
+[ -n "${RMM_WORKLOAD:-}" ] && MRKIT_BENCH_RULES=rmm timeout ${RMM_WORKLOAD_TIME:-80} python3 benchmarks/bench_workload.py --ops 1000 --timeout 40 \
+  --no-fragmentation --only "$RMM_WORKLOAD" > /tmp/workload_rmm.txt 2>&1
 tail -n 4 "$OUT/torch.txt"; grep -E "us\"|ratio|: [0-9]" "$OUT/route.txt" | head -40
 for f in "$OUT"/cupy_*.txt; do echo "== $f"; grep -E "passed|failed|mrkit-cupy|^rc=" $f | tail -n 3; done
-tail -n 10 "$OUT"/bench_*.txt; grep "^|" /tmp/workload.txt 2>/dev/null; tail -n 1 "$OUT/build.txt"
+tail -n 10 "$OUT"/bench_*.txt; grep "^|" /tmp/workload.txt 2>/dev/null; echo "RMM rules:"; grep "^|" /tmp/workload_rmm.txt 2>/dev/null; tail -n 1 "$OUT/build.txt"
