@@ -3,7 +3,8 @@ any allocator CuPy can be given.
 
 The floor is CuPy's ``CFunctionAllocator`` over two C functions that do nothing (``malloc`` returns
 one fixed device address, ``free`` returns): what ``cupy.empty`` costs through any allocator hook
-before the allocator does any work. The rows, microseconds per ``cupy.empty`` + drop (256 B), best of
+before the allocator does any work. The rows, microseconds per ``cupy.empty`` + drop (256 B; and per array
+of a batch of 1 000 sizes, all made then dropped in random order, as ``bench_core.py``), best of
 ``--rounds``:
 
 * ``cupy pool``: CuPy's default ``MemoryPool`` (its allocator's own fast path, no hook);
@@ -12,7 +13,7 @@ before the allocator does any work. The rows, microseconds per ``cupy.empty`` + 
 * ``mrkit``: ``mrkit.cupy.allocator(PoolResource(DeviceMemoryResource(0)))``;
 
 and the parts of mrkit's hook, called from Python: the hook pair (``malloc`` + ``free`` of the pool's
-hot path), ``cupy.cuda.get_current_stream(0)``, ``cupy.cuda.device.get_device_id()``.
+hot path; and over the batch of 1 000 sizes), ``cupy.cuda.get_current_stream(0)``, ``cupy.cuda.device.get_device_id()``.
 
     python benchmarks/bench_cupy_route.py [--json out.json]
 
@@ -85,11 +86,24 @@ def main(argv=None) -> dict:
         for _ in range(count):
             a = empty(256, dtype=u8)
             del a
-    rows = {}
+    import random
+    rng = random.Random(0)
+    sizes = [int(2 ** rng.uniform(8, 22)) for _ in range(1000)]  # bench_core's batch
+    order = list(range(1000))
+    rng.shuffle(order)
+
+    def batches(count):
+        for _ in range(count // len(sizes)):
+            arrs = [empty(n, dtype=u8) for n in sizes]
+            for i in order:
+                arrs[i] = None
+    rows, batch_rows = {}, {}
     for name, fn in allocators.items():
         cupy.cuda.set_allocator(fn)
         pairs(1000)
+        batches(3000)
         rows[name] = _per_call(pairs, args.count, args.rounds)
+        batch_rows[name] = _per_call(batches, max(args.count // 2, 2000), args.rounds)
     cupy.cuda.set_allocator(allocators["cupy pool"])
 
     hook_malloc, hook_free, _, _ = mine.hooks.hooks(0)
@@ -97,6 +111,13 @@ def main(argv=None) -> dict:
     def hook_pairs(count):
         for _ in range(count):
             hook_free(hook_malloc(512, 0), 0)
+    rounded_sizes = [(n + 511) & -512 for n in sizes]
+
+    def hook_batches(count):
+        for _ in range(count // len(sizes)):
+            ptrs = [hook_malloc(n, 0) for n in rounded_sizes]
+            for i in order:
+                hook_free(ptrs[i], 0)
     gcs, gdi = cupy.cuda.get_current_stream, cupy.cuda.device.get_device_id
 
     def stream_calls(count):
@@ -111,12 +132,16 @@ def main(argv=None) -> dict:
         for _ in range(count):
             pass
     loop = _per_call(empty_loop, args.count, args.rounds)
+    hook_batches(3000)
     parts = {"hook pair (Python call)": _per_call(hook_pairs, args.count, args.rounds) - loop,
+             "hook batch, per block (Python call)": _per_call(hook_batches, max(args.count // 2, 2000), args.rounds),
              "get_current_stream(0)": _per_call(stream_calls, args.count, args.rounds) - loop,
              "get_device_id()": _per_call(device_calls, args.count, args.rounds) - loop}
     res = {"core": core_description(), "cupy": cupy.__version__, "empty pair 256 (us)": rows,
+           "empty batch of 1000 sizes, per array (us)": batch_rows,
            "parts (us, loop subtracted)": parts,
-           "ratios to cupy pool": {k: v / rows["cupy pool"] for k, v in rows.items()}}
+           "ratios to cupy pool": {k: v / rows["cupy pool"] for k, v in rows.items()},
+           "batch ratios to cupy pool": {k: v / batch_rows["cupy pool"] for k, v in batch_rows.items()}}
     print(json.dumps(res, indent=1))
     cupy.cuda.runtime.free(base)
     if args.json:
