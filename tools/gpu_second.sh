@@ -9,6 +9,7 @@ MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1 timeout ${TORCH_TIME:-150} python3 -
   ${TORCH_TESTS:-tests/test_gpu_torch.py tests/test_torch_hooks.py} > "$OUT/torch.txt" 2>&1; echo "rc=$?" >> "$OUT/torch.txt"
 timeout 60 python3 benchmarks/bench_cupy_route.py > "$OUT/route.txt" 2>&1
 MRKIT_NO_EXTENSIONS=1 timeout 60 python3 benchmarks/bench_cupy_route.py >> "$OUT/route.txt" 2>&1
+timeout 30 python3 tools/probe_random.py pool > "$OUT/probe.txt" 2>&1
 CT=.scratch/cupy_tests/tests/cupy_tests
 printf '[pytest]\naddopts = -p no:randomly\n' > .scratch/cupy_tests/tests/pytest.ini
 for build in compiled python; do
@@ -24,6 +25,6 @@ MRKIT_NO_EXTENSIONS=1 timeout 40 python3 benchmarks/bench_core.py --quick --roun
   --no-fragmentation --only "$WORKLOAD" --json "$OUT/workload.json" > /tmp/workload.txt 2>&1
 [ -n "${RMM_WORKLOAD:-}" ] && MRKIT_BENCH_RULES=rmm timeout ${RMM_WORKLOAD_TIME:-80} python3 benchmarks/bench_workload.py --ops 1000 --timeout 40 \
   --no-fragmentation --only "$RMM_WORKLOAD" > /tmp/workload_rmm.txt 2>&1
-tail -n 4 "$OUT/torch.txt"; grep -E "us\"|ratio|: [0-9]" "$OUT/route.txt" | head -40
+head -n 30 "$OUT/probe.txt"; tail -n 4 "$OUT/torch.txt"; grep -E "us\"|ratio|: [0-9]" "$OUT/route.txt" | head -40
 for f in "$OUT"/cupy_*.txt; do echo "== $f"; grep -E "passed|failed|mrkit-cupy|^rc=" $f | tail -n 3; done
 tail -n 10 "$OUT"/bench_*.txt; grep "^|" /tmp/workload.txt 2>/dev/null; echo "RMM rules:"; grep "^|" /tmp/workload_rmm.txt 2>/dev/null; tail -n 1 "$OUT/build.txt"
