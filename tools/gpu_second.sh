@@ -22,7 +22,7 @@ unset MRKIT_NO_EXTENSIONS
 timeout 40 python3 benchmarks/bench_core.py --quick --rounds 3 > "$OUT/bench_compiled.txt" 2>&1
 MRKIT_NO_EXTENSIONS=1 timeout 40 python3 benchmarks/bench_core.py --quick --rounds 3 > "$OUT/bench_python.txt" 2>&1
 [ -n "${WORKLOAD:-}" ] && timeout ${WORKLOAD_TIME:-150} python3 benchmarks/bench_workload.py --ops 1000 --timeout 40 \
-  --no-fragmentation --only "$WORKLOAD" --json "$OUT/workload.json" > /tmp/workload.txt 2>&1
+  --no-fragmentation --only "$WORKLOAD" --json /tmp/workload.json > /tmp/workload.txt 2>&1
 [ -n "${RMM_WORKLOAD:-}" ] && MRKIT_BENCH_RULES=rmm timeout ${RMM_WORKLOAD_TIME:-80} python3 benchmarks/bench_workload.py --ops 1000 --timeout 40 \
   --no-fragmentation --only "$RMM_WORKLOAD" > /tmp/workload_rmm.txt 2>&1
 head -n 30 "$OUT/probe.txt"; tail -n 4 "$OUT/torch.txt"; grep -E "us\"|ratio|: [0-9]" "$OUT/route.txt" | head -40
