@@ -30,12 +30,15 @@ if __name__ == "__main__":
         del held  # PyTorch caches the freed segments in the pool
         try:
             big = torch.ones(200 * MiB, dtype=torch.uint8, device="cuda")
-            print(f"200 MiB after freeing them: fits, sum {int(big.sum(dtype=torch.int64))}")
-            assert int(big.sum(dtype=torch.int64)) == 200 * MiB
-            del big
+            probe = big[::4096]  # a strided view: checking it allocates kilobytes under the limit
+            assert int(probe.sum(dtype=torch.int64)) == probe.numel() and int(big[-1]) == 1
+            print(f"200 MiB after freeing them: fits and reads back (core: {core_name()})")
+            del big, probe
         except torch.cuda.OutOfMemoryError:
-            assert core_name() == "python", "the compiled build gives PyTorch's cached segments back"
-            print("200 MiB after freeing them: refused (the Python build leaves them cached in PyTorch's pool)")
+            # only where PyTorch got ctypes callbacks, which must take the GIL: the Python build, or
+            # past the compiled build's 64 C pairs in one process
+            assert not mp.mrkit.queues_frees, "C callbacks: PyTorch's cached segments go back"
+            print("200 MiB after freeing them: refused (ctypes callbacks leave them cached in PyTorch's pool)")
     mrkit.torch.apply_queued_frees()
     assert limit.used_bytes == mp.mrkit.live_bytes <= 256 * MiB  # all mrkit holds is PyTorch's segments
     print(f"mrkit holds {limit.used_bytes // MiB} MiB for PyTorch's pool, within the limit")

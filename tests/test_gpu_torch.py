@@ -34,6 +34,17 @@ def test_torch_case(gpu, name):
     _case(name)
 
 
+def test_the_python_builds_callbacks_outlive_the_interpreters_exit(gpu):
+    """A pytest process that used pool() through ctypes callbacks crashed at exit (segmentation fault
+    while collecting garbage): the callbacks were freed before PyTorch's last call."""
+    pytest.importorskip("torch")
+    env = dict(os.environ, MRKIT_NO_EXTENSIONS="1",
+               PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-X", "faulthandler", str(CASES), "python_build_pool_exits_silently"],
+                       capture_output=True, text=True, env=env, timeout=150)
+    assert r.returncode == 0 and r.stdout.startswith("ok") and not r.stderr.strip(), r.stdout + r.stderr[-3000:]
+
+
 def test_training_with_mrkit_installed_gives_pytorchs_losses(gpu):
     want = _case("training_reference").split()[1]
     got = _case("training_same_loss_installed").split()[1]

@@ -250,3 +250,41 @@ def test_the_compiled_build_hands_pytorch_c_functions_of_its_own_and_ctypes_past
     else:
         assert set(kinds) == {"ctypes"}
     assert mr.live_bytes == 0
+
+
+
+def test_what_pytorch_may_call_late_is_kept_through_the_interpreters_exit(sim, monkeypatch):
+    """A pytest process that had used pool() through ctypes callbacks crashed at exit (segmentation
+    fault while collecting garbage): PyTorch may call the callbacks when a MemPool is freed, however
+    late. The allocator, its ctypes callbacks and every MemPool go through _keep_forever, which keeps
+    an object alive even once the module's list is torn down."""
+    import gc
+    import weakref
+    torch = _fake_torch(monkeypatch)
+    import mrkit.integrations.torch as it
+    import mrkit.torch as mt
+    from mrkit._engine import python_core
+
+    class Thing:
+        pass
+    t = Thing()
+    ref = weakref.ref(t)
+    n = len(it._keep)
+    it._keep_forever(t)
+    del it._keep[n:]  # what the interpreter's teardown does to the module's globals
+    del t
+    gc.collect()
+    assert ref() is not None  # one reference no teardown drops
+
+    from contextlib import nullcontext
+    torch.cuda.use_mem_pool = lambda pool, device=None: nullcontext()
+    kept = []
+    monkeypatch.setattr(it, "_keep_forever", kept.append)
+    with python_core():  # the Python build's route: ctypes callbacks
+        a = mt.allocator(PoolResource(DeviceMemoryResource()))
+        with mt.pool(PoolResource(DeviceMemoryResource())) as mp:
+            pass
+        b = mt.install(PoolResource(DeviceMemoryResource()))
+    assert not a.queues_frees
+    ids = {id(x) for x in kept}
+    assert {id(a), id(a._c_alloc), id(a._c_free), id(mp), id(mp.mrkit), id(b), id(b.pools)} <= ids

@@ -52,7 +52,17 @@ leaves PyTorch's setting alone."""
 
 _ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
 _FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
-_keep: list = []  # every allocator handed to PyTorch: its C callbacks must outlive PyTorch's use
+_keep: list = []  # every allocator and MemPool handed to PyTorch (see _keep_forever)
+
+
+def _keep_forever(obj) -> None:
+    """Keep ``obj`` alive through the interpreter's exit, never collected. PyTorch may call mrkit's
+    callbacks as late as it likes (a MemPool freed gives its segments back through them): a ``ctypes``
+    callback freed first made that a jump to freed memory, a segmentation fault at exit. MemPools are
+    kept too, so none is freed while modules are being torn down (the driver reclaims the memory
+    when the process ends)."""
+    _keep.append(obj)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))  # one reference no teardown drops
 
 
 def _torch():
@@ -162,7 +172,10 @@ class TorchAllocator(AllocatorCallbacks):
             self.addresses = (ctypes.cast(self._c_alloc, ctypes.c_void_p).value,
                               ctypes.cast(self._c_free, ctypes.c_void_p).value)
         self.allocator = make(*self.addresses)
-        _keep.append(self)
+        _keep_forever(self)
+        if hasattr(self, "_c_alloc"):
+            _keep_forever(self._c_alloc)
+            _keep_forever(self._c_free)
 
 
 def allocator(mr: MemoryResource | None = None) -> TorchAllocator:
@@ -183,7 +196,7 @@ def pool(mr: MemoryResource | None = None, *, device=None):
     _configure(torch, alloc)
     mp = MemPool(alloc.allocator)
     mp.mrkit = alloc
-    _keep.append(mp)  # PyTorch frees the pool's segments through mrkit when it empties it, even later
+    _keep_forever(mp)  # PyTorch frees the pool's segments through mrkit when it empties it, even later
     try:
         with use_mem_pool(mp, device=device):
             yield mp
@@ -251,5 +264,5 @@ def install(mr: MemoryResource | None = None) -> TorchAllocator:
         mp.mrkit = alloc
         begin(d, mp.id)
         alloc.pools.append(mp)
-    _keep.append(alloc.pools)  # routed for the rest of the process: the pools must outlive it
+    _keep_forever(alloc.pools)  # routed for the rest of the process: the pools must outlive it
     return alloc
