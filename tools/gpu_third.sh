@@ -8,7 +8,7 @@ timeout 60 python3 setup.py build_ext --inplace > "$OUT/build.txt" 2>&1; echo "b
 python3 -m mrkit info >> "$OUT/info.txt" 2>&1
 MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=dev timeout ${TEST_BUDGET:-280} python3 -X faulthandler -m pytest -q -p no:cacheprovider -rfExs \
   --ignore=tests/test_mutations.py --ignore=tests/test_gpu_dask.py --ignore=tests/test_examples.py \
-  --deselect tests/test_threads.py::test_eight_threads_with_release_every_millisecond_on_the_gpu tests/ \
+  --deselect tests/test_threads.py::test_eight_threads_with_release_every_millisecond_on_the_gpu ${SUITE:-tests/} \
   "tests/test_examples.py::test_example_runs[18_torch_under_a_limit.py]" > "$OUT/pytest.txt" 2>&1
 echo "pytest rc=$?" >> "$OUT/pytest.txt"
 CT=.scratch/cupy_tests/tests/cupy_tests
