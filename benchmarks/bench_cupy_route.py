@@ -5,7 +5,7 @@ The floor is CuPy's ``CFunctionAllocator`` over two C functions that do nothing 
 one fixed device address, ``free`` returns): what ``cupy.empty`` costs through any allocator hook
 before the allocator does any work. The rows, microseconds per ``cupy.empty`` + drop (256 B; and per array
 of a batch of 1 000 sizes, all made then dropped in random order, as ``bench_core.py``), best of
-``--rounds``:
+``--rounds`` (the rounds interleave the allocators: the GPU machine's CPU speed drifts):
 
 * ``cupy pool``: CuPy's default ``MemoryPool`` (its allocator's own fast path, no hook);
 * ``floor (C hook)``: the do-nothing C functions, with ``mrkit.cupy``'s 512-byte rounding in front;
@@ -97,17 +97,21 @@ def main(argv=None) -> dict:
             arrs = [empty(n, dtype=u8) for n in sizes]
             for i in order:
                 arrs[i] = None
-    rows, batch_rows, misses = {}, {}, {}
+    rows = {name: float("inf") for name in allocators}
+    batch_rows = dict(rows)
     arena = mine.resource_for(0).arena
-    for name, fn in allocators.items():
+    for name, fn in allocators.items():  # warm up: every size hot in mrkit's pool
         cupy.cuda.set_allocator(fn)
         pairs(1000)
         batches(3000)
-        before = arena.misses
-        rows[name] = _per_call(pairs, args.count, args.rounds)
-        batch_rows[name] = _per_call(batches, max(args.count // 2, 2000), args.rounds)
-        if name == "mrkit":  # the pool's cache misses during the timed runs (0 once every size is hot)
-            misses = {"timed": arena.misses - before, "hot sizes": sum(len(st.hot) for st in arena.states.values())}
+    before = arena.misses
+    for _ in range(args.rounds):  # rounds interleaved, best of each: the host's speed drifts
+        for name, fn in allocators.items():
+            cupy.cuda.set_allocator(fn)
+            rows[name] = min(rows[name], _per_call(pairs, args.count, 1))
+            batch_rows[name] = min(batch_rows[name], _per_call(batches, max(args.count // 2, 2000), 1))
+    # the pool's cache misses during the timed runs (0 once every size is hot)
+    misses = {"timed": arena.misses - before, "hot sizes": sum(len(st.hot) for st in arena.states.values())}
     cupy.cuda.set_allocator(allocators["cupy pool"])
 
     hook_malloc, hook_free, _, _ = mine.hooks.hooks(0)
