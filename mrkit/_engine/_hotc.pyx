@@ -518,8 +518,8 @@ cdef Py_ssize_t _drain() noexcept with gil:
     cdef Py_ssize_t n, i, done = 0
     global _pending, _pending_len, _pending_cap, _drain_scheduled
     while True:
-        with nogil:
-            PyThread_acquire_lock(_pending_lock, 1)
+        # taken with the GIL held: a holder (``_queue``) never waits for the GIL, so this cannot deadlock
+        PyThread_acquire_lock(_pending_lock, 1)
         batch, n = _pending, _pending_len
         _pending, _pending_len, _pending_cap = NULL, 0, 0
         _drain_scheduled = 0
