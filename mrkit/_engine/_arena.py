@@ -41,13 +41,14 @@ class StreamState:
     ``cache`` is ``None`` once the state is retired: a lock-free path that finds ``None`` takes the
     locked path instead (rule 4)."""
 
-    __slots__ = ("stream", "cache", "hot", "free")
+    __slots__ = ("stream", "cache", "hot", "free", "rehot")
 
     def __init__(self, stream: Stream) -> None:
         self.stream = stream
         self.cache: dict[int, list[int]] | None = {}
         self.hot: list[int] = []
         self.free = FreeList()
+        self.rehot: set[int] = set()  # sizes hot before a flush that served a miss (Arena.find)
 
     def register(self, size: int, boundaries) -> None:
         """Give ``size`` a cache list (lock held). Past ``MAX_HOT`` sizes the cache starts afresh."""
@@ -83,6 +84,7 @@ class StreamState:
         drained into the free list."""
         old, self.cache = self.cache, None
         self.hot = []
+        self.rehot = set()
         if old:
             self._drain(old, boundaries)
 
@@ -328,7 +330,14 @@ class Arena:
             if ptr is not None:
                 return ptr
         if st.cached():
+            # the cache coalesces to serve this miss; its sizes are hot again at their next free
+            # (free_block), so a loop that outgrows the pool still settles on the cache on its next
+            # pass, instead of every size having to miss twice more
+            hot = st.hot
             st.flush(self.boundaries)
+            if len(st.rehot) + len(hot) > MAX_HOT:
+                st.rehot.clear()
+            st.rehot.update(hot)
             ptr = fit(self, st, size)
             if ptr is not None:
                 return ptr
@@ -520,6 +529,10 @@ class Arena:
         into its free list."""
         st = self.state(stream)  # a state in the table is never retired (rule 4)
         lst = st.cache.get(size)
+        if lst is None and size in st.rehot:  # hot before the cache was flushed for a miss
+            st.rehot.discard(size)
+            st.register(size, self.boundaries)
+            lst = st.cache.get(size)
         if lst is None:
             st.free.insert(block, size, self.boundaries)
         else:
