@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The session's proof call: build in place; the whole suite on the cuda backend (compiled core) with
-# example 18; the CuPy tests that failed under mrkit, run with CuPy's own allocator (a baseline).
+# example 18; the CuPy tests that failed under mrkit, run with CuPy's own allocator (a baseline);
+# BENCH=1: bench_cupy_route and bench_core on both builds.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi -L > "$OUT/info.txt" 2>&1
@@ -17,4 +18,9 @@ timeout -s INT ${CUPY_TIME:-60} python3 -m pytest -q -p no:cacheprovider -c .scr
   $CT/cuda_tests/test_memory.py $CT/core_tests/test_ndarray.py $CT/creation_tests/test_from_data.py \
   -k "test_device1 or multi_device or multigpu or test_output_type_mismatch" > "$OUT/cupy_baseline.txt" 2>&1
 echo "rc=$?" >> "$OUT/cupy_baseline.txt"
-tail -n 30 "$OUT/pytest.txt"; grep -E "passed|failed|^rc=" "$OUT/cupy_baseline.txt" | tail -n 2; tail -n 1 "$OUT/build.txt"; head -3 "$OUT/info.txt"
+if [ "${BENCH:-0}" = 1 ]; then  # where cupy.empty's time goes, and the core benchmark, both builds
+  timeout 60 python3 benchmarks/bench_cupy_route.py > "$OUT/route.txt" 2>&1
+  timeout 40 python3 benchmarks/bench_core.py --quick --rounds 3 > "$OUT/bench_compiled.txt" 2>&1
+  MRKIT_NO_EXTENSIONS=1 timeout 40 python3 benchmarks/bench_core.py --quick --rounds 3 > "$OUT/bench_python.txt" 2>&1
+fi
+tail -n 30 "$OUT/pytest.txt"; tail -n 10 "$OUT"/bench_*.txt 2>/dev/null; grep -E "passed|failed|^rc=" "$OUT/cupy_baseline.txt" | tail -n 2; tail -n 1 "$OUT/build.txt"; head -3 "$OUT/info.txt"
