@@ -52,14 +52,24 @@ def plan(ops: int, max_size: int, cap: int, seed: int = 7) -> list[tuple]:
         if filling and cur + n > cap:
             filling = False
         if live and (not filling and (rng.random() < 0.5 or cur + n > cap)):
-            k, m = live.pop(rng.randrange(len(live)))
-            steps.append(("f", m, k))
-            cur -= m
+            cur -= _free_one(rng, live, steps)
         elif cur + n <= cap:
-            steps.append(("a", n, len(steps)))
-            live.append((len(steps) - 1, n))
-            cur += n
+            cur += _allocate_one(n, live, steps)
     return steps
+
+
+def _free_one(rng, live: list, steps: list) -> int:
+    """Free a random live block (a step); its size."""
+    k, m = live.pop(rng.randrange(len(live)))
+    steps.append(("f", m, k))
+    return m
+
+
+def _allocate_one(n: int, live: list, steps: list) -> int:
+    """Allocate ``n`` bytes (a step); ``n``."""
+    steps.append(("a", n, len(steps)))
+    live.append((len(steps) - 1, n))
+    return n
 
 
 def plan_rmm(ops: int, max_size: int, cap: int, seed: int = 7) -> list[tuple]:
@@ -71,13 +81,9 @@ def plan_rmm(ops: int, max_size: int, cap: int, seed: int = 7) -> list[tuple]:
     while made < ops:
         n = rng.randint(1, max_size)
         if live and (rng.random() >= 0.73 or cur + n > cap):
-            k, m = live.pop(rng.randrange(len(live)))
-            steps.append(("f", m, k))
-            cur -= m
+            cur -= _free_one(rng, live, steps)
         elif cur + n <= cap:
-            steps.append(("a", n, len(steps)))
-            live.append((len(steps) - 1, n))
-            cur += n
+            cur += _allocate_one(n, live, steps)
             made += 1
     rng.shuffle(live)
     steps.extend(("f", m, k) for k, m in live)

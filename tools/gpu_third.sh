@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The session's proof call: build in place; the whole suite on the cuda backend (compiled core) with
 # example 18; the CuPy tests that failed under mrkit, run with CuPy's own allocator (a baseline);
-# BENCH=1: bench_cupy_route and bench_core on both builds.
+# BENCH=1: bench_cupy_route and bench_core on both builds; WORKLOAD="a,b": those rows of RMM's workload
+# (it replaces tools/gpu_first.sh, run 22's call: the suite, bench_core on both builds, the pool's workload).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi -L > "$OUT/info.txt" 2>&1
@@ -23,4 +24,6 @@ if [ "${BENCH:-0}" = 1 ]; then  # where cupy.empty's time goes, and the core ben
   timeout 40 python3 benchmarks/bench_core.py --quick --rounds 3 > "$OUT/bench_compiled.txt" 2>&1
   MRKIT_NO_EXTENSIONS=1 timeout 40 python3 benchmarks/bench_core.py --quick --rounds 3 > "$OUT/bench_python.txt" 2>&1
 fi
-tail -n 30 "$OUT/pytest.txt"; tail -n 10 "$OUT"/bench_*.txt 2>/dev/null; grep -E "passed|failed|^rc=" "$OUT/cupy_baseline.txt" | tail -n 2; tail -n 1 "$OUT/build.txt"; head -3 "$OUT/info.txt"
+[ -n "${WORKLOAD:-}" ] && timeout ${WORKLOAD_TIME:-80} python3 benchmarks/bench_workload.py --ops 1000 --timeout 20 \
+  --no-fragmentation --only "$WORKLOAD" --json /tmp/workload.json > /tmp/workload.txt 2>&1
+tail -n 30 "$OUT/pytest.txt"; tail -n 10 "$OUT"/bench_*.txt 2>/dev/null; grep -E "passed|failed|^rc=" "$OUT/cupy_baseline.txt" | tail -n 2; tail -n 1 "$OUT/build.txt"; head -3 "$OUT/info.txt"; grep "^|" /tmp/workload.txt 2>/dev/null

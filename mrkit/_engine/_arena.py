@@ -55,17 +55,19 @@ class StreamState:
         cache = self.cache
         if cache is None or size in cache:
             return
+        self.rehot.discard(size)
         if len(self.hot) >= MAX_HOT:
             self.flush(boundaries)
             cache = self.cache
         cache[size] = []
         insort(self.hot, size)
 
-    def flush(self, boundaries, keep: bool = False) -> None:
+    def flush(self, boundaries, keep: bool = False, remember: bool = False) -> None:
         """Coalesce the cached blocks into the free list and start the cache afresh (lock held): the
         sizes are registered again as they miss (cheaply: they missed recently), so a flush costs
         what was registered since the last one, not every size ever hot. ``keep``: the hot sizes
-        keep their (now empty) cache lists.
+        keep their (now empty) cache lists. ``remember``: they lose them, but each is hot again at
+        its next free (:meth:`hot_again`), without missing twice more.
 
         Rule 3: the dict is swapped first, then each list is drained with atomic pops, so every block
         is taken by exactly one party; a block appended to a list after it was drained is rescued by
@@ -73,11 +75,23 @@ class StreamState:
         old = self.cache
         if not old:  # empty, or retired
             return
+        if remember and not keep:
+            if len(self.rehot) + len(self.hot) > MAX_HOT:
+                self.rehot.clear()
+            self.rehot.update(self.hot)
         if keep:
             self.cache = {s: [] for s in old}
         else:
             self.cache, self.hot = {}, []
         self._drain(old, boundaries)
+
+    def hot_again(self, size: int, boundaries) -> list | None:
+        """The cache list of ``size`` if it was hot before a remembering flush (lock held), else
+        None."""
+        if size not in self.rehot:
+            return None
+        self.register(size, boundaries)
+        return self.cache.get(size)
 
     def retire(self, boundaries) -> None:
         """Detach the cache for good (lock held): ``cache`` becomes ``None`` first, then the old one is
@@ -330,14 +344,9 @@ class Arena:
             if ptr is not None:
                 return ptr
         if st.cached():
-            # the cache coalesces to serve this miss; its sizes are hot again at their next free
-            # (free_block), so a loop that outgrows the pool still settles on the cache on its next
-            # pass, instead of every size having to miss twice more
-            hot = st.hot
-            st.flush(self.boundaries)
-            if len(st.rehot) + len(hot) > MAX_HOT:
-                st.rehot.clear()
-            st.rehot.update(hot)
+            # the cache coalesces to serve this miss; its sizes are hot again at their next free, so a
+            # loop that outgrows the pool settles on the cache on its next pass
+            st.flush(self.boundaries, remember=True)
             ptr = fit(self, st, size)
             if ptr is not None:
                 return ptr
@@ -529,10 +538,8 @@ class Arena:
         into its free list."""
         st = self.state(stream)  # a state in the table is never retired (rule 4)
         lst = st.cache.get(size)
-        if lst is None and size in st.rehot:  # hot before the cache was flushed for a miss
-            st.rehot.discard(size)
-            st.register(size, self.boundaries)
-            lst = st.cache.get(size)
+        if lst is None:
+            lst = st.hot_again(size, self.boundaries)
         if lst is None:
             st.free.insert(block, size, self.boundaries)
         else:

@@ -110,20 +110,27 @@ cdef extern from "Python.h":
     long long PyLong_AsLongLongAndOverflow(object obj, int *overflow) except? -1
 
 
-cdef inline bint _fast_size(object nbytes) except -1:
-    """An exact int request the cache can serve (anything else takes the arena's checked path)."""
-    cdef int overflow = 0
-    if type(nbytes) is not int:
-        return 0
-    return overflow != 0 or PyLong_AsLongLongAndOverflow(nbytes, &overflow) > 0 or overflow > 0
-
-
 cdef inline object _rounded(object nbytes):
     """``(nbytes + 255) & -256`` for an exact int, in C where it fits."""
     cdef int overflow = 0
     cdef long long v = PyLong_AsLongLongAndOverflow(nbytes, &overflow)
     if overflow or v > (1LL << 62):
         return (nbytes + 255) & -256
+    return (v + 255) & ~255LL
+
+
+cdef inline object _fast_rounded(object nbytes):
+    """The cache's size for an exact int request it can serve (``nbytes > 0``), read once; ``None``
+    for anything else (the arena's checked path decides)."""
+    cdef int overflow = 0
+    cdef long long v
+    if type(nbytes) is not int:
+        return None
+    v = PyLong_AsLongLongAndOverflow(nbytes, &overflow)
+    if overflow > 0 or v > (1LL << 62):
+        return (nbytes + 255) & -256
+    if overflow < 0 or v <= 0:
+        return None
     return (v + 255) & ~255LL
 
 
@@ -134,9 +141,11 @@ cdef class PlainPaths(_Base):
         """Allocate ``nbytes`` for work on ``stream``: an exact-size cache hit takes no lock."""
         if type(stream) is not _Stream:
             stream = self.to_stream(stream)
-        if alignment is not _DEFAULT or not _fast_size(nbytes):
+        if alignment is not _DEFAULT:
             return self.allocate_slow(nbytes, stream, alignment)
-        size = _rounded(nbytes)
+        size = _fast_rounded(nbytes)
+        if size is None:
+            return self.allocate_slow(nbytes, stream, alignment)
         ptr = self.cached_pop(stream, size)
         if ptr is not None:
             self.live[ptr] = nbytes
@@ -190,14 +199,14 @@ cdef class CountingPaths(_Base):
         """Allocate as the arena does, and count it."""
         if type(stream) is not _Stream:
             stream = self.to_stream(stream)
-        if alignment is not _DEFAULT or not _fast_size(nbytes):
+        size = _fast_rounded(nbytes) if alignment is _DEFAULT else None
+        if size is None:
             ptr = self.allocate_slow(nbytes, stream, alignment)
             if ptr:
                 n = nbytes.__index__()
                 self.counted[ptr] = n
                 self.events.append(n)
             return ptr
-        size = _rounded(nbytes)
         ptr = self.cached_pop(stream, size)
         if ptr is not None:
             self.live[ptr] = nbytes
@@ -246,12 +255,12 @@ cdef class HookPaths(_Base):
         ref, stream = <tuple>self.seen[0]
         if ref() is not cs:
             stream = self.remember(cs)
-        if not _fast_size(nbytes):
+        size = _fast_rounded(nbytes)
+        if size is None:
             ptr = self.allocate_slow(nbytes, stream, 256)
             if ptr:
                 self.where[ptr] = stream
             return ptr
-        size = _rounded(nbytes)
         ptr = self.cached_pop(stream, size)
         if ptr is not None:
             self.live[ptr] = nbytes

@@ -171,11 +171,10 @@ class TorchAllocator(AllocatorCallbacks):
             self._c_alloc, self._c_free = _ALLOC(self.alloc), _FREE(self.free)
             self.addresses = (ctypes.cast(self._c_alloc, ctypes.c_void_p).value,
                               ctypes.cast(self._c_free, ctypes.c_void_p).value)
-        self.allocator = make(*self.addresses)
-        _keep_forever(self)
-        if hasattr(self, "_c_alloc"):
             _keep_forever(self._c_alloc)
             _keep_forever(self._c_free)
+        self.allocator = make(*self.addresses)
+        _keep_forever(self)
 
 
 def allocator(mr: MemoryResource | None = None) -> TorchAllocator:
