@@ -84,3 +84,49 @@ def test_both_builds_answer_alike(steps):
         with python_core():
             want = _trace(make, steps)
         assert got == want
+
+
+def _random_trace(make, seed, ops=1500):
+    """Where (chunk, offset) a resource places its blocks over a random workload on two streams: sizes from a small set
+    (they turn hot and are cached) and random ones (best fit and coalescing on every call)."""
+    import random
+    from mrkit.driver import SimDriver, set_backend
+    drv = SimDriver()
+    set_backend(drv)
+    mr = make()
+    streams = [mrkit.DEFAULT_STREAM, Stream.create(0, driver=drv)]
+    rng, live, out = random.Random(seed), [], []
+    for _ in range(ops):
+        if rng.random() < 0.52 or not live:
+            n = rng.choice([512, 4096, 70000]) if rng.random() < 0.4 else rng.randint(1, 4 << 20)
+            s = rng.randrange(2)
+            live.append((mr.allocate(n, streams[s]), n, s))
+            out.append(live[-1][0])
+        else:
+            p, n, s = live.pop(rng.randrange(len(live)))
+            mr.deallocate(p, n, streams[s])
+    for p, n, s in live:
+        mr.deallocate(p, n, streams[s])
+    mr = mr.upstream if isinstance(mr, StatisticsAdaptor) else mr
+    chunks = list(mr.arena.chunks.items())  # in the order they were made; none went back meanwhile
+    return [next((i, p - c) for i, (c, size) in enumerate(chunks) if c <= p < c + size) for p in out], mr
+
+
+@compiled
+@pytest.mark.parametrize("make", [lambda: PoolResource(DeviceMemoryResource()),
+                                  lambda: StatisticsAdaptor(PoolResource(DeviceMemoryResource())),
+                                  lambda: mrkit.VirtualMemoryResource(0)],
+                         ids=["pool", "counting pool", "vmm"])
+def test_the_compiled_miss_path_places_every_block_where_the_python_one_does(make):
+    """The locked miss path (best fit, the free list, cache registration, frees into the free list) is
+    compiled in the compiled build: the same workload gets the same pointers from both builds, and
+    every byte is free again at the end."""
+    from mrkit._engine import _hotc
+    for seed in (1, 2):
+        got, mr = _random_trace(make, seed)
+        assert all(type(st.free) is _hotc.FreeList for st in mr.arena.states.values())
+        with python_core():
+            want, py = _random_trace(make, seed)
+        assert type(next(iter(py.arena.states.values())).free) is not _hotc.FreeList
+        assert got == want
+        assert mr.arena.live == {} and mr.arena.free_total() == mr.arena.held

@@ -1,14 +1,25 @@
-"""FreeList (the engine's size-class index): best fit, coalescing, boundaries, against a model."""
+"""FreeList (the engine's size-class index): best fit, coalescing, boundaries, against a model. Each
+test runs on both builds: the Python one and its compiled twin (``_hotc.FreeList``) where it is built."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
-from mrkit._engine._freelist import FreeList
+from mrkit._engine import _freelist
+
+try:
+    from mrkit._engine import _hotc
+except ImportError:
+    _hotc = None
+
+BUILDS = [pytest.param(_freelist.FreeList, id="python"),
+          pytest.param(getattr(_hotc, "FreeList", None), id="compiled",
+                       marks=pytest.mark.skipif(_hotc is None, reason="the compiled core is not built here"))]
 
 BASE, G = 1 << 40, 256
 
 
-def _check(fl: FreeList, boundaries) -> list[tuple[int, int]]:
+def _check(fl, boundaries) -> list[tuple[int, int]]:
     """The index agrees with itself; blocks are disjoint and maximal (coalesced unless a boundary
     separates them). Returns the blocks sorted by address."""
     blocks = sorted((p, s) for s, p in fl.blocks())
@@ -23,7 +34,8 @@ def _check(fl: FreeList, boundaries) -> list[tuple[int, int]]:
     return blocks
 
 
-def test_best_fit_takes_the_smallest_class_and_the_lowest_block_of_it():
+@pytest.mark.parametrize("FreeList", BUILDS)
+def test_best_fit_takes_the_smallest_class_and_the_lowest_block_of_it(FreeList):
     fl = FreeList()
     for i, size in ((2, 4 * G), (0, 8 * G), (1, 4 * G), (3, 16 * G)):
         fl.add(BASE + i * 64 * G, size)
@@ -35,7 +47,8 @@ def test_best_fit_takes_the_smallest_class_and_the_lowest_block_of_it():
     assert fl.sizes == [G, 8 * G]
 
 
-def test_the_spare_block_is_taken_only_when_nothing_else_fits():
+@pytest.mark.parametrize("FreeList", BUILDS)
+def test_the_spare_block_is_taken_only_when_nothing_else_fits(FreeList):
     fl = FreeList()
     fl.add(BASE, 8 * G)  # the spare (the VMM's top)
     fl.add(BASE + 64 * G, 16 * G)
@@ -45,7 +58,8 @@ def test_the_spare_block_is_taken_only_when_nothing_else_fits():
     _check(fl, set())
 
 
-def test_coalescing_joins_both_neighbours_but_never_across_a_boundary():
+@pytest.mark.parametrize("FreeList", BUILDS)
+def test_coalescing_joins_both_neighbours_but_never_across_a_boundary(FreeList):
     fl, b = FreeList(), {BASE + 8 * G}
     fl.insert(BASE, 4 * G, b)
     fl.insert(BASE + 8 * G, 4 * G, b)
@@ -56,10 +70,11 @@ def test_coalescing_joins_both_neighbours_but_never_across_a_boundary():
     assert fl.sizes == [8 * G] and len(fl.bins[8 * G]) == 2 and fl.total() == 16 * G
 
 
+@pytest.mark.parametrize("FreeList", BUILDS)
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from("tf"), st.integers(1, 40)), max_size=120),
        st.sets(st.integers(1, 15), max_size=4))
-def test_against_a_byte_model(ops, cuts):
+def test_against_a_byte_model(FreeList, ops, cuts):
     """Random takes and frees over 16 chunks of 16 grains: every byte is free in the index exactly
     when the model says so, each take is a best fit, and coalescing is complete."""
     boundaries = {BASE + c * 16 * G for c in cuts}

@@ -43,11 +43,11 @@ class StreamState:
 
     __slots__ = ("stream", "cache", "hot", "free", "rehot")
 
-    def __init__(self, stream: Stream) -> None:
+    def __init__(self, stream: Stream, free: FreeList | None = None) -> None:
         self.stream = stream
         self.cache: dict[int, list[int]] | None = {}
         self.hot: list[int] = []
-        self.free = FreeList()
+        self.free = FreeList() if free is None else free  # the arena's build's free list
         self.rehot: set[int] = set()  # sizes hot before a flush that served a miss (Arena.find)
 
     def register(self, size: int, boundaries) -> None:
@@ -267,7 +267,7 @@ class Arena:
         uid = stream.uid if self.ordered else 0
         st = self.states.get(uid)
         if st is None:
-            st = self.states[uid] = StreamState(stream)
+            st = self.states[uid] = StreamState(stream, self.build.FreeList())
         return st
 
     def retire_into(self, uid: int, st: StreamState, into: StreamState) -> None:
@@ -286,7 +286,7 @@ class Arena:
         if src is dst:
             return
         dst.free = dst.free.absorb(src.free, self.boundaries)
-        src.free = FreeList()
+        src.free = self.build.FreeList()
 
     def order_after(self, src: Stream, dst: Stream) -> None:
         """Make future work on ``dst`` wait for the work queued so far on ``src`` (one event), or

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 from .._resource import DEFAULT_ALIGNMENT, check_request
 from .._stream import Stream
+from ._freelist import FreeList
 
-__all__ = ["plain_paths", "counting_paths", "hook_paths", "checked_free_args"]
+__all__ = ["plain_paths", "counting_paths", "hook_paths", "checked_free_args", "FreeList"]
 
 
 def checked_free_args(nbytes, alignment):

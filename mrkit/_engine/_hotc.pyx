@@ -9,11 +9,19 @@ under the GIL as one C call (``states.get``, a cache list's ``pop``/``append``, 
 :class:`CHooks` adds allocator hooks callable from C (``void *malloc(void *self, size_t n, int
 device)``, ``void free(void *self, void *ptr, int device)``), the signature of CuPy's
 ``CFunctionAllocator``: no Python object per block, no frame per call.
+
+The locked miss path is compiled too: :class:`FreeList` (the twin of :mod:`mrkit._engine._freelist`,
+same attributes, same answers) and, in :class:`_Base`, the arena's ``take`` for sources with the default
+placement, its ``missed_again`` and its ``free_block`` (twins of :class:`~mrkit._engine._arena.Arena`'s,
+step for step). Anything else (a source's own ``fit`` or ``prepare``, a stream with no state yet, growth,
+stealing, the out-of-memory reclaim) is the arena's Python code.
 """
 from cpython.dict cimport PyDict_GetItem
 from cpython.ref cimport PyObject
 from libc.stdint cimport intptr_t
 from libc.stdlib cimport free, realloc
+
+from bisect import bisect_left as _py_bisect_left
 
 from mrkit._resource import DEFAULT_ALIGNMENT
 from mrkit._stream import Stream
@@ -22,6 +30,153 @@ from mrkit._engine._hot import checked_free_args
 cdef object _Stream = Stream
 cdef object _DEFAULT = DEFAULT_ALIGNMENT
 cdef object _checked = checked_free_args
+cdef object _default_fit = None  # ChunkSource.fit, set on first use (the arena module imports this one)
+cdef Py_ssize_t _CACHE_WINDOW = 8  # _arena._CACHE_WINDOW
+cdef Py_ssize_t _MISSED_MAX = 4096  # _arena._MISSED_MAX
+
+
+cdef extern from "Python.h":
+    long long PyLong_AsLongLongAndOverflow(object obj, int *overflow) except? -1
+
+
+cdef inline Py_ssize_t _bisect(list a, object x) except -1:
+    """``bisect.bisect_left`` over a sorted list of sizes (C compares while ``x`` fits a long long)."""
+    cdef int overflow = 0
+    cdef long long v = PyLong_AsLongLongAndOverflow(x, &overflow), m
+    cdef Py_ssize_t lo = 0, hi = len(a), mid
+    if overflow:
+        return _py_bisect_left(a, x)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        m = a[mid]
+        if m < v:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef inline object _pop_lowest(dict b):
+    if len(b) == 1:
+        return b.popitem()[0]
+    ptr = min(b)
+    del b[ptr]
+    return ptr
+
+
+cdef class FreeList:
+    """The compiled twin of :class:`mrkit._engine._freelist.FreeList`: the same attributes (``sizes``,
+    ``bins``, ``start``, ``end``), methods and answers; see there. Touched only under its arena's lock."""
+    cdef public list sizes
+    cdef public dict bins, start, end
+
+    def __init__(self):
+        self.sizes, self.bins, self.start, self.end = [], {}, {}, {}
+
+    def __len__(self):
+        return len(self.start)
+
+    cpdef add(self, ptr, size):
+        b = self.bins.get(size)
+        if b is None:
+            self.bins[size] = {ptr: None}
+            self.sizes.insert(_bisect(self.sizes, size), size)
+        else:
+            (<dict>b)[ptr] = None
+        self.start[ptr] = size
+        self.end[ptr + size] = ptr
+
+    cpdef remove(self, ptr, size):
+        b = <dict>self.bins[size]
+        del b[ptr]
+        if not b:
+            del self.bins[size]
+            del self.sizes[_bisect(self.sizes, size)]
+        del self.start[ptr]
+        del self.end[ptr + size]
+
+    cpdef cut(self, block, at, size):
+        end = block + self.start[block]
+        self.remove(block, end - block)
+        if at > block:
+            self.add(block, at - block)
+        if end > at + size:
+            self.add(at + size, end - at - size)
+        return at + size
+
+    cpdef insert(self, ptr, size, boundaries):
+        nxt = ptr + size
+        nsize = self.start.get(nxt)
+        if nsize is not None and nxt not in boundaries:
+            self.remove(nxt, nsize)
+            size = size + nsize
+        prev = self.end.get(ptr)
+        if prev is not None and ptr not in boundaries:
+            psize = self.start[prev]
+            self.remove(prev, psize)
+            ptr, size = prev, size + psize
+        self.add(ptr, size)
+
+    cpdef take(self, size, spare=None):
+        cdef list sizes = self.sizes
+        cdef Py_ssize_t i = _bisect(sizes, size)
+        if i == len(sizes):
+            return None
+        bsize = sizes[i]
+        cdef dict b = <dict>self.bins[bsize]
+        ptr = _pop_lowest(b)
+        if spare is not None and ptr == spare:
+            if b:
+                other = _pop_lowest(b)
+                b[ptr] = None
+                ptr = other
+            elif i + 1 < len(sizes):
+                b[ptr] = None
+                i += 1
+                bsize = sizes[i]
+                b = <dict>self.bins[bsize]
+                ptr = _pop_lowest(b)
+        if not b:
+            del self.bins[bsize]
+            del sizes[i]
+        del self.start[ptr]
+        del self.end[ptr + bsize]
+        if bsize > size:
+            self.add(ptr + size, bsize - size)
+        return ptr
+
+    cpdef fits(self, size):
+        cdef list sizes = self.sizes
+        cdef Py_ssize_t i = _bisect(sizes, size)
+        return sizes[i] if i < len(sizes) else None
+
+    def candidates(self, size, n):
+        sizes, bins = self.sizes, self.bins
+        out = []
+        for s in sizes[_bisect(sizes, size):]:
+            for p in sorted(bins[s]):
+                out.append((s, p))
+                if len(out) == n:
+                    return out
+        return out
+
+    def blocks(self):
+        bins = self.bins
+        return [(s, p) for s in self.sizes for p in bins[s]]
+
+    def absorb(self, FreeList other, boundaries):
+        big, small = (self, other) if len(self.start) >= len(other.start) else (other, self)
+        for size, ptr in small.blocks():
+            (<FreeList>big).insert(ptr, size, boundaries)
+        return big
+
+    cpdef largest(self):
+        cdef list sizes = self.sizes
+        return sizes[len(sizes) - 1] if sizes else 0
+
+    cpdef total(self):
+        bins = self.bins
+        return sum([s * len(bins[s]) for s in self.sizes])
 
 
 cdef class _Base:
@@ -30,8 +185,18 @@ cdef class _Base:
     cdef object states, states_get, lock, acquire, release
     cdef bint ordered
     cdef object take, to_stream, allocate_slow, deallocate_slow, rescue, free_block
+    cdef object arena, find, boundaries, hot_distance
+    cdef bint default_fit
 
     def __init__(self, arena):
+        global _default_fit
+        if _default_fit is None:
+            from mrkit._engine._arena import ChunkSource
+            _default_fit = ChunkSource.fit
+        self.arena, self.find, self.boundaries = arena, arena.find, arena.boundaries
+        self.hot_distance = arena.source.hot_distance
+        # the compiled take serves sources with the default placement and nothing to prepare
+        self.default_fit = type(arena.source).fit is _default_fit and arena._prepare is None
         self.live = arena.live
         self.states = arena.states
         self.ordered = type(arena.states) is dict  # else one state for every stream (its own get)
@@ -63,10 +228,83 @@ cdef class _Base:
         except IndexError:  # another thread took the last one
             return None
 
+    cdef object take_c(self, object size, object stream):
+        """``Arena.take`` (lock held): for a stream with a state and a source with the default placement,
+        compiled (``StreamState.best_fit``, ``Arena.find`` when it fails, then ``missed_again``); else
+        the arena's own."""
+        st = self.state_of(stream) if self.default_fit else None
+        if st is None:
+            return self.take(size, stream)
+        ptr = None
+        if st.hot:
+            ptr = self.take_cached(st, size)
+        if ptr is None:
+            ptr = (<FreeList?>st.free).take(size, None)
+        if ptr is None:
+            ptr = self.find(size, stream, True)
+        self.missed_again(size, stream)
+        return ptr
+
+    cdef object take_cached(self, object st, object size):
+        """``StreamState.take_cached`` (lock held)."""
+        cdef list hot = st.hot
+        cdef Py_ssize_t j = _bisect(hot, size), k, stop
+        if j == len(hot):
+            return None
+        free = <FreeList?>st.free
+        best = free.fits(size)
+        if best is None:
+            best = 1 << 62
+        cache = <dict>st.cache
+        stop = min(j + _CACHE_WINDOW, len(hot))
+        for k in range(j, stop):
+            s = hot[k]
+            if s >= best:
+                return None
+            lst = cache.get(s)
+            if lst:
+                try:
+                    ptr = (<list>lst).pop()
+                except IndexError:  # a lock-free hit took the last one
+                    continue
+                if s > size:
+                    free.insert(ptr + size, s - size, self.boundaries)
+                return ptr
+        return None
+
+    cdef int missed_again(self, object size, object stream) except -1:
+        """``Arena.missed_again`` (lock held)."""
+        arena = self.arena
+        missed = <dict>arena.missed
+        n = arena.misses + 1
+        arena.misses = n
+        last = missed.get(size)
+        if last is not None and n - last <= self.hot_distance:
+            arena.state(stream).register(size, self.boundaries)
+        elif len(missed) >= _MISSED_MAX:
+            missed.clear()
+        missed[size] = n
+        return 0
+
+    cdef int free_block_c(self, object ptr, object size, object stream) except -1:
+        """``Arena.free_block`` (lock held)."""
+        st = self.state_of(stream)
+        if st is None:
+            self.free_block(ptr, size, stream)
+            return 0
+        lst = (<dict>st.cache).get(size)  # a state in the table is never retired (rule 4)
+        if lst is None and size in <set>st.rehot:
+            lst = st.hot_again(size, self.boundaries)
+        if lst is None:
+            (<FreeList?>st.free).insert(ptr, size, self.boundaries)
+        else:
+            (<list>lst).append(ptr)
+        return 0
+
     cdef inline object locked_take(self, object size, object stream, object nbytes):
         self.acquire()
         try:
-            ptr = self.take(size, stream)
+            ptr = self.take_c(size, stream)
             self.live[ptr] = nbytes
         finally:
             self.release()
@@ -92,7 +330,7 @@ cdef class _Base:
                     return 0
         self.acquire()
         try:
-            self.free_block(ptr, size, stream)
+            self.free_block_c(ptr, size, stream)
         finally:
             self.release()
         return 0
@@ -104,10 +342,6 @@ cdef class _Base:
         finally:
             self.release()
         return 0
-
-
-cdef extern from "Python.h":
-    long long PyLong_AsLongLongAndOverflow(object obj, int *overflow) except? -1
 
 
 cdef inline object _rounded(object nbytes):
