@@ -9,6 +9,9 @@ footprint-limited VMM: each moved mapping costs an unmap, a map and its share of
     python benchmarks/bench_vmm_calls.py --max-size 4GiB --footprint-limit 1.1 [--max-mapping 256MiB]
     python benchmarks/bench_vmm_calls.py --backend sim ...   (the simulator: counts, not times)
     python benchmarks/bench_vmm_calls.py --fresh ...         (new sizes every pass, not a replay)
+    python benchmarks/bench_vmm_calls.py --runs-per-block 4 ...  (the trade: fewer, larger runs per block
+        under a limit make fewer driver calls and strand more; a request the bound cannot serve is
+        refused, and the refusals are counted)
 """
 from __future__ import annotations
 
@@ -33,10 +36,15 @@ def main(argv=None) -> None:
     ap.add_argument("--footprint-limit", type=float)
     ap.add_argument("--max-mapping", type=bench_workload._size)
     ap.add_argument("--backend", choices=("cuda", "sim"), default="cuda")
+    ap.add_argument("--runs-per-block", type=bench_workload._positive,
+                    help="under a footprint limit, a block's new pages come in runs of 1/N of it (default 8)")
     ap.add_argument("--fresh", action="store_true",
                     help="new sizes from the same distribution every pass (RMM's rules as bench_workload times them)")
     args = ap.parse_args(argv)
     import mrkit
+    if args.runs_per_block:
+        from mrkit.resources import _vmm
+        _vmm._RUNS_PER_BLOCK = args.runs_per_block
     if args.backend == "sim":
         from mrkit.driver import SimDeviceSpec, SimDriver
         drv = SimDriver(devices=[SimDeviceSpec(total_memory=141 * GiB)], policy="eager")
@@ -63,12 +71,24 @@ def main(argv=None) -> None:
             steps = bench_workload.plan(args.ops, args.max_size, 16 * GiB, seed=7 + p)
         calls.clear()
         moves, maps, in_driver = mr.moves, len(mr._src._maps), spent[0]
-        dt = bench_workload.replay(steps, lambda n: mr.allocate(n, s), lambda p, n: mr.deallocate(p, n, s))
+        refused = [0]
+
+        def alloc(n):
+            try:
+                return mr.allocate(n, s)
+            except mrkit.OutOfMemoryError:  # the footprint bound refused it: counted, the plan goes on
+                refused[0] += 1
+                return None
+
+        def free(p, n):
+            if p is not None:
+                mr.deallocate(p, n, s)
+        dt = bench_workload.replay(steps, alloc, free)
         print(f"pass {p}: {dt * 1e6 / len(steps):.2f} us/op, {(spent[0] - in_driver) * 1e6 / len(steps):.2f} in "
               f"driver calls; {mr.moves - moves} moves; {maps} mappings held at the start; physical high "
               f"{mr.mapped_high / GiB:.2f} GiB; "
               f"{sum(calls.get(k, (0, 0))[0] for k in ('mem_map', 'mem_unmap')) / sum(op == 'a' for op, *_ in steps):.2f} "
-              "map/unmap calls per allocation")
+              f"map/unmap calls per allocation; {refused[0]} refused")
         for name, (count, sec) in sorted(calls.items(), key=lambda c: -c[1][1]):
             print(f"    {name:20s} {count:6d} calls {sec * 1e3:9.2f} ms {sec * 1e6 / count:9.1f} us/call")
     mr.close()

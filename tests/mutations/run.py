@@ -67,7 +67,9 @@ def run_one(m: Mutant, profile: str, timeout: float) -> Outcome:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mrkit-mutant-") as tmp:
         apply(m, Path(tmp))
-        proc = run_kit_on(Path(tmp), m.targets, profile, timeout, m.kit, python_core=m.path == "_engine/_hot.py")
+        # the engine's bugs are planted in its Python build (the compiled one is its twin, held to it by
+        # tests/test_core.py and tests/test_freelist.py), so the kit runs that build on them
+        proc = run_kit_on(Path(tmp), m.targets, profile, timeout, m.kit, python_core=m.path.startswith("_engine/"))
     dt = time.perf_counter() - t0
     if proc is None:
         return Outcome(m.name, False, f"the kit hung (no verdict within {timeout:.0f} s)", dt)
