@@ -194,6 +194,33 @@ def _fill_free_refill(tensor_mib: int = 64, big_mib: int = 200) -> int:
     return n
 
 
+def _short_release_round() -> bool:
+    """Cached segments that add up to less than the request: a small tensor stays alive, so only 3 x
+    64 MiB fit; freed, they are 192 MiB against a request of 200 MiB. PyTorch gives all three back
+    (``release_available_cached_blocks``), finds them short and, inside a MemPool, raises without
+    retrying; the memory is back in mrkit by then, so the next attempt fits. Returns whether the first
+    attempt raised."""
+    pin = torch.ones(16, device="cuda")
+    held = []
+    try:
+        while len(held) < 1000:
+            held.append(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
+    except torch.cuda.OutOfMemoryError:
+        pass
+    assert 0 < len(held) < 1000
+    del held
+    try:
+        big = torch.empty(200 << 20, dtype=torch.uint8, device="cuda")
+        raised = False
+    except torch.cuda.OutOfMemoryError:
+        raised = True
+        big = torch.empty(200 << 20, dtype=torch.uint8, device="cuda")  # the released segments are back
+    big.fill_(5)
+    assert int(big[-1]) == 5 and float(pin.sum()) == 16.0
+    del big, pin
+    return raised
+
+
 def _pool_segments(mp) -> int:
     return sum(seg["total_size"] for seg in mp.snapshot())
 
@@ -219,15 +246,18 @@ def case_pool_under_limit_gives_cached_segments_back():
             return
         raise AssertionError("the Python build fitted 200 MiB: update the docs")
     with mt.pool(mr) as mp:
-        ours = _fill_free_refill()
-        ours_again = _fill_free_refill()  # and again: nothing is lost on the way
+        ours = _fill_free_refill()  # the issue's pattern in a fresh pool: 4 x 64 MiB, then 200 MiB
+        # again with 50 MiB tensors: the 200 MiB segment cached from the first round goes back too
+        ours_again = _fill_free_refill(50)
+        first_raised = _short_release_round()
     mt.apply_queued_frees()
     a = mp.mrkit
     # every byte mrkit counts is a segment PyTorch holds in the pool, and the limit held throughout
     assert a.live_bytes == mr.used_bytes == _pool_segments(mp) <= limit, (a.live_bytes, mr.used_bytes, _pool_segments(mp))
     assert a.failures >= 2 and a.foreign_frees == 0
-    print(f"ok PyTorch's own fitted {theirs} x 64 MiB then 200 MiB; mrkit's pool {ours} and {ours_again} "
-          f"then 200 MiB each time ({a.failures} refusals given back by PyTorch's cache)")
+    print(f"ok PyTorch's own fitted {theirs} x 64 MiB then 200 MiB; mrkit's pool {ours} x 64 and {ours_again} x 50 MiB "
+          f"then 200 MiB each time ({a.failures} refusals given back by PyTorch's cache); with cached segments "
+          f"short of the request the first 200 MiB attempt {'raised' if first_raised else 'fitted'} and the next fitted")
 
 
 def case_pool_under_limit_without_release_keeps_the_old_failure():
@@ -269,7 +299,7 @@ def case_pool_under_limit_with_a_thread_freeing_beside_it():
     t.start()
     try:
         with mt.pool(mr) as mp:
-            fitted = [_fill_free_refill() for _ in range(20)]
+            fitted = [_fill_free_refill(50) for _ in range(20)]
     finally:
         stop.set()
         t.join()
@@ -278,7 +308,7 @@ def case_pool_under_limit_with_a_thread_freeing_beside_it():
     assert not errors, errors
     a = mp.mrkit
     assert a.live_bytes == mr.used_bytes == _pool_segments(mp) <= 256 << 20 and a.foreign_frees == 0
-    print(f"ok 20 rounds beside a freeing thread, no deadlock; fitted {sorted(set(fitted))} x 64 MiB")
+    print(f"ok 20 rounds beside a freeing thread, no deadlock; fitted {sorted(set(fitted))} x 50 MiB")
 
 
 def case_python_build_pool_exits_silently():
