@@ -30,7 +30,6 @@ from mrkit._engine._hot import checked_free_args
 cdef object _Stream = Stream
 cdef object _DEFAULT = DEFAULT_ALIGNMENT
 cdef object _checked = checked_free_args
-cdef object _default_fit = None  # ChunkSource.fit, set on first use (the arena module imports this one)
 cdef Py_ssize_t _CACHE_WINDOW = 8  # _arena._CACHE_WINDOW
 cdef Py_ssize_t _MISSED_MAX = 4096  # _arena._MISSED_MAX
 
@@ -189,14 +188,9 @@ cdef class _Base:
     cdef bint default_fit
 
     def __init__(self, arena):
-        global _default_fit
-        if _default_fit is None:
-            from mrkit._engine._arena import ChunkSource
-            _default_fit = ChunkSource.fit
         self.arena, self.find, self.boundaries = arena, arena.find, arena.boundaries
         self.hot_distance = arena.source.hot_distance
-        # the compiled take serves sources with the default placement and nothing to prepare
-        self.default_fit = type(arena.source).fit is _default_fit and arena._prepare is None
+        self.default_fit = arena.default_fit  # the compiled take serves only the default placement
         self.live = arena.live
         self.states = arena.states
         self.ordered = type(arena.states) is dict  # else one state for every stream (its own get)
