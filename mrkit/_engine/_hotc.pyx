@@ -184,13 +184,14 @@ cdef class _Base:
     cdef object states, states_get, lock, acquire, release
     cdef bint ordered
     cdef object take, to_stream, allocate_slow, deallocate_slow, rescue, free_block
-    cdef object arena, find, boundaries, hot_distance
+    cdef object arena, find, boundaries, hot_distance, fit, prepare
     cdef bint default_fit
 
     def __init__(self, arena):
         self.arena, self.find, self.boundaries = arena, arena.find, arena.boundaries
         self.hot_distance = arena.source.hot_distance
-        self.default_fit = arena.default_fit  # the compiled take serves only the default placement
+        self.default_fit = arena.default_fit  # the placement compiled here, else the source's own
+        self.fit, self.prepare = arena.source.fit, arena._prepare
         self.live = arena.live
         self.states = arena.states
         self.ordered = type(arena.states) is dict  # else one state for every stream (its own get)
@@ -223,19 +224,26 @@ cdef class _Base:
             return None
 
     cdef object take_c(self, object size, object stream):
-        """``Arena.take`` (lock held): for a stream with a state and a source with the default placement,
-        compiled (``StreamState.best_fit``, ``Arena.find`` when it fails, then ``missed_again``); else
-        the arena's own."""
-        st = self.state_of(stream) if self.default_fit else None
+        """``Arena.take`` (lock held) for a stream with a state: the default placement compiled
+        (``StreamState.best_fit``), else the source's ``fit`` and ``prepare``; ``Arena.find`` when the
+        fit fails, then ``missed_again``. A stream without a state: the arena's own."""
+        st = self.state_of(stream)
         if st is None:
             return self.take(size, stream)
         ptr = None
-        if st.hot:
-            ptr = self.take_cached(st, size)
-        if ptr is None:
-            ptr = (<FreeList?>st.free).take(size, None)
-        if ptr is None:
-            ptr = self.find(size, stream, True)
+        if self.default_fit:
+            if st.hot:
+                ptr = self.take_cached(st, size)
+            if ptr is None:
+                ptr = (<FreeList?>st.free).take(size, None)
+            if ptr is None:
+                ptr = self.find(size, stream, True)
+        else:
+            ptr = self.fit(self.arena, st, size)
+            if ptr is None:
+                ptr = self.find(size, stream, True)
+            if self.prepare is not None:
+                ptr = self.prepare(self.arena, ptr, size, stream)
         self.missed_again(size, stream)
         return ptr
 
