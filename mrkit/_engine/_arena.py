@@ -241,7 +241,7 @@ class Arena:
         self.missed: dict[int, int] = {}  # size -> when it last missed the cache (see missed_again)
         self.misses = 0
         self._prepare = source.prepare if source.prepares else None
-        # the default placement and nothing to prepare: the compiled build runs take() in C
+        # the default placement and nothing to prepare: the compiled build runs the placement in C too
         self.default_fit = type(source).fit is ChunkSource.fit and self._prepare is None
         self.build = _paths()  # the hot path's build (compiled or Python), kept for its variants
         self.allocate, self.deallocate = self.build.plain_paths(self)
