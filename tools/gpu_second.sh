@@ -10,15 +10,7 @@ MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1 timeout ${TORCH_TIME:-150} python3 -
 timeout 60 python3 benchmarks/bench_cupy_route.py > "$OUT/route.txt" 2>&1
 MRKIT_NO_EXTENSIONS=1 timeout 60 python3 benchmarks/bench_cupy_route.py >> "$OUT/route.txt" 2>&1
 timeout 30 python3 tools/probe_random.py pool > "$OUT/probe.txt" 2>&1
-CT=.scratch/cupy_tests/tests/cupy_tests
-printf '[pytest]\naddopts = -p no:randomly\n' > .scratch/cupy_tests/tests/pytest.ini
-for build in compiled python; do
-  [ $build = python ] && export MRKIT_NO_EXTENSIONS=1
-  timeout -s INT ${CUPY_TIME:-100} python3 -m pytest -q -p no:cacheprovider -p tools.mrkit_cupy_plugin -c .scratch/cupy_tests/tests/pytest.ini \
-    --rootdir=.scratch/cupy_tests/tests $(for t in ${CUPY_TESTS:-cuda_tests/test_memory.py}; do echo $CT/$t; done) > "$OUT/cupy_$build.txt" 2>&1
-  echo "rc=$?" >> "$OUT/cupy_$build.txt"
-done
-unset MRKIT_NO_EXTENSIONS
+CUPY_DIRS="${CUPY_TESTS:-cuda_tests/test_memory.py}" CUPY_TIME=${CUPY_TIME:-100} bash tools/gpu_cupy_broad.sh > /dev/null
 timeout 40 python3 benchmarks/bench_core.py --quick --rounds 3 > "$OUT/bench_compiled.txt" 2>&1
 MRKIT_NO_EXTENSIONS=1 timeout 40 python3 benchmarks/bench_core.py --quick --rounds 3 > "$OUT/bench_python.txt" 2>&1
 [ -n "${WORKLOAD:-}" ] && timeout ${WORKLOAD_TIME:-150} python3 benchmarks/bench_workload.py --ops 1000 --timeout 40 \

@@ -43,11 +43,11 @@ class StreamState:
 
     __slots__ = ("stream", "cache", "hot", "free", "rehot")
 
-    def __init__(self, stream: Stream, free: FreeList | None = None) -> None:
+    def __init__(self, stream: Stream, free: FreeList) -> None:
         self.stream = stream
         self.cache: dict[int, list[int]] | None = {}
         self.hot: list[int] = []
-        self.free = FreeList() if free is None else free  # the arena's build's free list
+        self.free = free  # an empty free list of the arena's build
         self.rehot: set[int] = set()  # sizes hot before a flush that served a miss (Arena.find)
 
     def register(self, size: int, boundaries) -> None:

@@ -26,6 +26,7 @@ from bisect import bisect_left as _py_bisect_left
 from mrkit._resource import DEFAULT_ALIGNMENT
 from mrkit._stream import Stream
 from mrkit._engine._hot import checked_free_args
+from mrkit._engine._freelist import FreeList as _PyFreeList
 
 cdef object _Stream = Stream
 cdef object _DEFAULT = DEFAULT_ALIGNMENT
@@ -65,7 +66,9 @@ cdef inline object _pop_lowest(dict b):
 
 cdef class FreeList:
     """The compiled twin of :class:`mrkit._engine._freelist.FreeList`: the same attributes (``sizes``,
-    ``bins``, ``start``, ``end``), methods and answers; see there. Touched only under its arena's lock."""
+    ``bins``, ``start``, ``end``), methods and answers; see there. The steps of every miss and free
+    are compiled here; the rarer walks are the Python class's methods. Touched only under its arena's
+    lock."""
     cdef public list sizes
     cdef public dict bins, start, end
 
@@ -93,15 +96,6 @@ cdef class FreeList:
             del self.sizes[_bisect(self.sizes, size)]
         del self.start[ptr]
         del self.end[ptr + size]
-
-    cpdef cut(self, block, at, size):
-        end = block + self.start[block]
-        self.remove(block, end - block)
-        if at > block:
-            self.add(block, at - block)
-        if end > at + size:
-            self.add(at + size, end - at - size)
-        return at + size
 
     cpdef insert(self, ptr, size, boundaries):
         nxt = ptr + size
@@ -149,33 +143,13 @@ cdef class FreeList:
         cdef Py_ssize_t i = _bisect(sizes, size)
         return sizes[i] if i < len(sizes) else None
 
-    def candidates(self, size, n):
-        sizes, bins = self.sizes, self.bins
-        out = []
-        for s in sizes[_bisect(sizes, size):]:
-            for p in sorted(bins[s]):
-                out.append((s, p))
-                if len(out) == n:
-                    return out
-        return out
-
-    def blocks(self):
-        bins = self.bins
-        return [(s, p) for s in self.sizes for p in bins[s]]
-
-    def absorb(self, FreeList other, boundaries):
-        big, small = (self, other) if len(self.start) >= len(other.start) else (other, self)
-        for size, ptr in small.blocks():
-            (<FreeList>big).insert(ptr, size, boundaries)
-        return big
-
-    cpdef largest(self):
-        cdef list sizes = self.sizes
-        return sizes[len(sizes) - 1] if sizes else 0
-
-    cpdef total(self):
-        bins = self.bins
-        return sum([s * len(bins[s]) for s in self.sizes])
+    # the rarer walks are the Python class's own methods (plain functions over the same attributes)
+    cut = _PyFreeList.cut  # the VMM's placement and release, both Python
+    candidates = _PyFreeList.candidates
+    blocks = _PyFreeList.blocks
+    absorb = _PyFreeList.absorb
+    largest = _PyFreeList.largest
+    total = _PyFreeList.total
 
 
 cdef class _Base:

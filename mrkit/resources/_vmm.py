@@ -51,10 +51,11 @@ class VirtualMemoryResourceOptions:
         ``footprint_limit`` x the live bytes (each allocation rounded up to 256 bytes) plus one page
         per live allocation; a request that cannot be served within it is refused with an
         :class:`~mrkit.OutOfMemoryError` naming the limit; no memory is added and no live block
-        changes. A block's new pages come in runs of an eighth of the block (at least 64 MiB, at most ``max_mapping``), so that a
-        run partly reused beside live blocks strands little. When mapping a block's missing
-        pages would exceed the limit, mappings lying wholly in free memory are unmapped (after waiting
-        for the streams that freed them) and their physical allocations mapped where they are needed
+        changes. A block's new pages come in runs of an eighth of the block (at least 64 MiB, at most
+        ``max_mapping``), so that a run partly reused beside live blocks strands little. When mapping a
+        block's missing pages would exceed the limit, mappings lying wholly in free memory are unmapped
+        (after waiting for the streams that freed them) and their physical allocations mapped where they
+        are needed
         (``cuMemUnmap``, then ``cuMemMap`` + ``cuMemSetAccess``; no ``cuMemCreate``). Each move is
         driver calls, so this trades time for footprint; ``None`` (default): never move. With a limit,
         placement also looks at what is mapped: of the few smallest free blocks that fit, a block goes
