@@ -53,7 +53,7 @@ def snapshot(mr: MemoryResource | None = None) -> dict:
         free = []
         for st in list(arena.states.values()):
             handle = getattr(st.stream, "handle", 0)
-            free += [(p, s, handle) for p, s in st.free.start.items()]
+            free += [(p, s, handle) for p, s in st.free.items()]
             for size, ptrs in list((st.cache or {}).items()):
                 free += [(p, size, handle) for p in list(ptrs)]
         chunks = sorted(arena.chunks.items())

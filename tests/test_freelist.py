@@ -20,18 +20,26 @@ BASE, G = 1 << 40, 256
 
 
 def _check(fl, boundaries) -> list[tuple[int, int]]:
-    """The index agrees with itself; blocks are disjoint and maximal (coalesced unless a boundary
-    separates them). Returns the blocks sorted by address."""
-    blocks = sorted((p, s) for s, p in fl.blocks())
-    assert len(blocks) == len(fl) == len(fl.end)
-    assert fl.sizes == sorted(set(s for _, s in blocks)) == sorted(fl.bins)
+    """The index agrees with itself (by size and by address); blocks are disjoint and maximal
+    (coalesced unless a boundary separates them). Returns the blocks sorted by address."""
+    blocks = fl.items()
+    assert blocks == sorted(blocks) and len(blocks) == len(fl)
+    assert fl.blocks() == sorted((s, p) for p, s in blocks)  # by size, lowest address first
+    assert fl.largest() == max((s for _, s in blocks), default=0)
+    assert fl.total() == sum(s for _, s in blocks) and bool(fl) == bool(blocks)
     for p, s in blocks:
-        assert fl.start[p] == s and fl.end[p + s] == p and p in fl.bins[s]
+        assert fl.size_at(p) == s and fl.ending_at(p + s) == p
+        if s > G:  # nothing starts or ends inside a block
+            assert fl.size_at(p + G) is None and fl.ending_at(p + s - G) is None
         assert not any(p < b < p + s for b in boundaries), "a block spans a chunk boundary"
     for (p, s), (q, _) in zip(blocks, blocks[1:]):
         assert p + s <= q, "overlapping free blocks"
         assert p + s < q or q in boundaries, "adjacent free blocks were not coalesced"
     return blocks
+
+
+def _sizes(fl) -> list[int]:
+    return sorted({s for s, _ in fl.blocks()})
 
 
 @pytest.mark.parametrize("FreeList", BUILDS)
@@ -40,11 +48,11 @@ def test_best_fit_takes_the_smallest_class_and_the_lowest_block_of_it(FreeList):
     for i, size in ((2, 4 * G), (0, 8 * G), (1, 4 * G), (3, 16 * G)):
         fl.add(BASE + i * 64 * G, size)
     assert fl.take(3 * G) == BASE + 64 * G  # a 4-grain block, the lower one (not the one added last)
-    assert fl.start[BASE + 64 * G + 3 * G] == G  # the remainder stays free
+    assert fl.size_at(BASE + 64 * G + 3 * G) == G  # the remainder stays free
     assert fl.take(4 * G) == BASE + 2 * 64 * G
     assert fl.take(9 * G) == BASE + 3 * 64 * G and fl.take(64 * G) is None
     assert fl.take(7 * G) == BASE + 3 * 64 * G + 9 * G  # 7 grains left of the 16: an exact fit
-    assert fl.sizes == [G, 8 * G]
+    assert _sizes(fl) == [G, 8 * G]
 
 
 @pytest.mark.parametrize("FreeList", BUILDS)
@@ -67,7 +75,7 @@ def test_coalescing_joins_both_neighbours_but_never_across_a_boundary(FreeList):
     assert sorted((p, s) for s, p in fl.blocks()) == [(BASE, 8 * G), (BASE + 8 * G, 4 * G)]
     fl.insert(BASE + 12 * G, 4 * G, b)
     assert sorted((p, s) for s, p in fl.blocks()) == [(BASE, 8 * G), (BASE + 8 * G, 8 * G)]
-    assert fl.sizes == [8 * G] and len(fl.bins[8 * G]) == 2 and fl.total() == 16 * G
+    assert _sizes(fl) == [8 * G] and len(fl.blocks()) == 2 and fl.total() == 16 * G
 
 
 @pytest.mark.parametrize("FreeList", BUILDS)

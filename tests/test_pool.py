@@ -498,7 +498,7 @@ def test_a_cached_block_of_a_larger_hot_size_serves_a_miss_it_fits_best():
     assert st.cache[3 * MiB] == [y]
     near = pool.allocate(3 * MiB - 4096, s)
     assert near == y and st.cache[3 * MiB] == []  # not a cut from the 6 MiB block
-    assert st.free.start[y + 3 * MiB - 4096] == 4096  # the remainder is free
+    assert st.free.size_at(y + 3 * MiB - 4096) == 4096  # the remainder is free
     big = pool.allocate(6 * MiB, s)
     assert big == w + 2 * MiB  # the 6 MiB stayed whole
     for p, n in ((w, 2 * MiB), (near, 3 * MiB - 4096), (big, 6 * MiB)):

@@ -27,28 +27,11 @@ HOT_DISTANCE = 1024  # a size that misses again within this many misses gets a c
 # ChunkSource.hot_distance: a loop over up to MAX_HOT sizes, e.g. a batch of 1 000, settles on the cache)
 
 
-class StreamState:
-    """Free memory owned by one stream: ``cache`` (exact size -> list of blocks; the lock-free fast
-    path), ``hot`` (the cache's sizes, sorted) and ``free`` (a coalesced :class:`FreeList`, touched
-    only under the lock).
+class _StateMethods:
+    """What a stream's state does; its fields are :class:`StreamState`'s (the Python build) or the
+    compiled build's ``StateFields`` (C struct fields, the same names)."""
 
-    Only *hot* sizes are cached: a size gets a cache list (:meth:`register`, under the lock) when it
-    misses the cache a second time; a block of any other size coalesces into the free list when it is
-    freed. A workload that repeats its sizes (pairs, a training step) runs lock-free on the cache; one
-    whose sizes do not repeat (random sizes) pays one best fit per allocation and one coalescing
-    insert per free, with nothing left in a cache to fragment the free list.
-
-    ``cache`` is ``None`` once the state is retired: a lock-free path that finds ``None`` takes the
-    locked path instead (rule 4)."""
-
-    __slots__ = ("stream", "cache", "hot", "free", "rehot")
-
-    def __init__(self, stream: Stream, free: FreeList) -> None:
-        self.stream = stream
-        self.cache: dict[int, list[int]] | None = {}
-        self.hot: list[int] = []
-        self.free = free  # an empty free list of the arena's build
-        self.rehot: set[int] = set()  # sizes hot before a flush that served a miss (Arena.find)
+    __slots__ = ()
 
     def register(self, size: int, boundaries) -> None:
         """Give ``size`` a cache list (lock held). Past ``MAX_HOT`` sizes the cache starts afresh."""
@@ -148,7 +131,7 @@ class StreamState:
         return self.free.take(size, spare)
 
     def empty(self) -> bool:
-        return not self.free.sizes and not self.cached()
+        return not self.free and not self.cached()
 
     def bytes(self) -> int:
         cache = self.cache or {}
@@ -158,6 +141,47 @@ class StreamState:
         """Whether any block is in the cache (lock held)."""
         cache = self.cache
         return bool(cache) and any(cache.values())  # only the lock adds keys
+
+
+class StreamState(_StateMethods):
+    """Free memory owned by one stream: ``cache`` (exact size -> list of blocks; the lock-free fast
+    path), ``hot`` (the cache's sizes, sorted) and ``free`` (a coalesced :class:`FreeList`, touched
+    only under the lock).
+
+    Only *hot* sizes are cached: a size gets a cache list (:meth:`register`, under the lock) when it
+    misses the cache a second time; a block of any other size coalesces into the free list when it is
+    freed. A workload that repeats its sizes (pairs, a training step) runs lock-free on the cache; one
+    whose sizes do not repeat (random sizes) pays one best fit per allocation and one coalescing
+    insert per free, with nothing left in a cache to fragment the free list.
+
+    ``cache`` is ``None`` once the state is retired: a lock-free path that finds ``None`` takes the
+    locked path instead (rule 4)."""
+
+    __slots__ = ("stream", "cache", "hot", "free", "rehot")
+
+    def __init__(self, stream: Stream, free: FreeList) -> None:
+        self.stream = stream
+        self.cache: dict[int, list[int]] | None = {}
+        self.hot: list[int] = []
+        self.free = free  # an empty free list of the arena's build
+        self.rehot: set[int] = set()  # sizes hot before a flush that served a miss (Arena.find)
+
+
+def _state_class(build):
+    """The state class of a build: :class:`StreamState`, or ``_StateMethods`` over the compiled
+    build's ``StateFields``."""
+    fields = getattr(build, "StateFields", None)
+    if fields is None:
+        return StreamState
+    cls = _STATE_CLASSES.get(fields)
+    if cls is None:
+        cls = _STATE_CLASSES[fields] = type("StreamState", (fields, _StateMethods),
+                                            {"__slots__": (), "__doc__": StreamState.__doc__,
+                                             "__module__": __name__})
+    return cls
+
+
+_STATE_CLASSES: dict = {}
 
 
 class _OneState(dict):
@@ -244,6 +268,7 @@ class Arena:
         # the default placement and nothing to prepare: the compiled build runs the placement in C too
         self.default_fit = type(source).fit is ChunkSource.fit and self._prepare is None
         self.build = _paths()  # the hot path's build (compiled or Python), kept for its variants
+        self._State = _state_class(self.build)
         self.allocate, self.deallocate = self.build.plain_paths(self)
 
     @property
@@ -269,7 +294,7 @@ class Arena:
         uid = stream.uid if self.ordered else 0
         st = self.states.get(uid)
         if st is None:
-            st = self.states[uid] = StreamState(stream, self.build.FreeList())
+            st = self.states[uid] = self._State(stream, self.build.FreeList())
         return st
 
     def retire_into(self, uid: int, st: StreamState, into: StreamState) -> None:
@@ -422,7 +447,7 @@ class Arena:
             into.flush(b)
         device_wide = False
         for st, alive in [(st, alive) for _, st, alive in others] + ([(into, True)] if own else []):
-            if not st.free.sizes:
+            if not st.free:
                 continue
             if alive:
                 self.wait_for(st.stream)

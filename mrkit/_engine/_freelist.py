@@ -126,10 +126,22 @@ class FreeList:
         return out
 
     def blocks(self) -> list[tuple[int, int]]:
-        """Every free block as ``(size, ptr)``, smallest first (a list: safe to change the free list
-        while walking it)."""
+        """Every free block as ``(size, ptr)``, smallest first, lowest address first within a size (a
+        list: safe to change the free list while walking it)."""
         bins = self.bins
-        return [(s, p) for s in self.sizes for p in bins[s]]
+        return [(s, p) for s in self.sizes for p in sorted(bins[s])]
+
+    def items(self) -> list[tuple[int, int]]:
+        """Every free block as ``(ptr, size)``, lowest address first (a list)."""
+        return sorted(self.start.items())
+
+    def size_at(self, ptr: int) -> int | None:
+        """The size of the free block that starts at ``ptr``, or None."""
+        return self.start.get(ptr)
+
+    def ending_at(self, end: int) -> int | None:
+        """The start of the free block that ends at ``end``, or None."""
+        return self.end.get(end)
 
     def absorb(self, other: "FreeList", boundaries) -> "FreeList":
         """Merge ``other`` into whichever of the two is larger and return that one (the smaller list

@@ -1,4 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, binding=False
+# distutils: language = c++
 """The arena's hot path in the compiled build: ``cdef`` classes over one arena's structures.
 
 The same three variants as :mod:`mrkit._engine._hot` (the Python build), step for step, so both builds
@@ -18,6 +19,10 @@ stealing, the out-of-memory reclaim) is the arena's Python code.
 """
 from cpython.dict cimport PyDict_GetItem
 from cpython.ref cimport PyObject
+from cython.operator cimport dereference as deref, preincrement as inc, predecrement as dec
+from libcpp.map cimport map as cmap
+from libcpp.set cimport set as cset
+from libcpp.utility cimport pair
 from libc.stdint cimport intptr_t
 from libc.stdlib cimport free, realloc
 
@@ -26,7 +31,6 @@ from bisect import bisect_left as _py_bisect_left
 from mrkit._resource import DEFAULT_ALIGNMENT
 from mrkit._stream import Stream
 from mrkit._engine._hot import checked_free_args
-from mrkit._engine._freelist import FreeList as _PyFreeList
 
 cdef object _Stream = Stream
 cdef object _DEFAULT = DEFAULT_ALIGNMENT
@@ -56,100 +60,202 @@ cdef inline Py_ssize_t _bisect(list a, object x) except -1:
     return lo
 
 
-cdef inline object _pop_lowest(dict b):
-    if len(b) == 1:
-        return b.popitem()[0]
-    ptr = min(b)
-    del b[ptr]
-    return ptr
+ctypedef unsigned long long u64
+ctypedef pair[u64, u64] SizePtr
+
+
+cdef inline bint _as_u64(object x, u64 *out) except -1:
+    """``x`` as an unsigned 64-bit value; false (nothing set) when it is negative or does not fit."""
+    cdef int overflow = 0
+    cdef long long v = PyLong_AsLongLongAndOverflow(x, &overflow)
+    if overflow > 0:
+        if x >= (1 << 64):
+            return 0
+        out[0] = <u64>x
+        return 1
+    if overflow < 0 or v < 0:
+        return 0
+    out[0] = <u64>v
+    return 1
 
 
 cdef class FreeList:
-    """The compiled twin of :class:`mrkit._engine._freelist.FreeList`: the same attributes (``sizes``,
-    ``bins``, ``start``, ``end``), methods and answers; see there. The steps of every miss and free
-    are compiled here; the rarer walks are the Python class's methods. Touched only under its arena's
-    lock."""
-    cdef public list sizes
-    cdef public dict bins, start, end
-
-    def __init__(self):
-        self.sizes, self.bins, self.start, self.end = [], {}, {}, {}
+    """The compiled twin of :class:`mrkit._engine._freelist.FreeList`: the same methods and answers,
+    over two C++ trees: ``by_size`` (``(size, ptr)`` pairs, ordered: best fit, the lowest address
+    first among one size, is one ``lower_bound``) and ``by_addr`` (``ptr -> size``, ordered: both
+    neighbours of a block for coalescing). No Python object per free block. Touched only under its
+    arena's lock."""
+    cdef cset[SizePtr] by_size
+    cdef cmap[u64, u64] by_addr
+    cdef u64 free_bytes
 
     def __len__(self):
-        return len(self.start)
+        return self.by_addr.size()
 
-    cpdef add(self, ptr, size):
-        b = self.bins.get(size)
-        if b is None:
-            self.bins[size] = {ptr: None}
-            self.sizes.insert(_bisect(self.sizes, size), size)
-        else:
-            (<dict>b)[ptr] = None
-        self.start[ptr] = size
-        self.end[ptr + size] = ptr
+    cdef inline void add_c(self, u64 ptr, u64 size):
+        self.by_size.insert(SizePtr(size, ptr))
+        self.by_addr[ptr] = size
+        self.free_bytes += size
 
-    cpdef remove(self, ptr, size):
-        b = <dict>self.bins[size]
-        del b[ptr]
-        if not b:
-            del self.bins[size]
-            del self.sizes[_bisect(self.sizes, size)]
-        del self.start[ptr]
-        del self.end[ptr + size]
+    cdef inline void remove_c(self, u64 ptr, u64 size):
+        self.by_size.erase(SizePtr(size, ptr))
+        self.by_addr.erase(ptr)
+        self.free_bytes -= size
 
-    cpdef insert(self, ptr, size, boundaries):
-        nxt = ptr + size
-        nsize = self.start.get(nxt)
-        if nsize is not None and nxt not in boundaries:
-            self.remove(nxt, nsize)
-            size = size + nsize
-        prev = self.end.get(ptr)
-        if prev is not None and ptr not in boundaries:
-            psize = self.start[prev]
-            self.remove(prev, psize)
-            ptr, size = prev, size + psize
-        self.add(ptr, size)
+    cdef int insert_c(self, u64 ptr, u64 size, object boundaries) except -1:
+        """Add a block, coalescing it with its free neighbours (never across a boundary)."""
+        cdef u64 nxt = ptr + size
+        cdef cmap[u64, u64].iterator it = self.by_addr.find(nxt)
+        cdef u64 p, n
+        if it != self.by_addr.end() and nxt not in boundaries:  # the next block joins
+            n = deref(it).second
+            self.remove_c(nxt, n)
+            size += n
+        it = self.by_addr.lower_bound(ptr)
+        if it != self.by_addr.begin():
+            dec(it)
+            p, n = deref(it).first, deref(it).second
+            if p + n == ptr and ptr not in boundaries:  # the previous block joins
+                self.remove_c(p, n)
+                ptr, size = p, size + n
+        self.add_c(ptr, size)
+        return 0
 
-    cpdef take(self, size, spare=None):
-        cdef list sizes = self.sizes
-        cdef Py_ssize_t i = _bisect(sizes, size)
-        if i == len(sizes):
+    cdef object take_c(self, u64 size, object spare):
+        """Best fit (see :meth:`take`); the start of the block, or None."""
+        cdef cset[SizePtr].iterator it = self.by_size.lower_bound(SizePtr(size, 0)), nx
+        cdef u64 sp, bsize, ptr
+        if it == self.by_size.end():
             return None
-        bsize = sizes[i]
-        cdef dict b = <dict>self.bins[bsize]
-        ptr = _pop_lowest(b)
-        if spare is not None and ptr == spare:
-            if b:
-                other = _pop_lowest(b)
-                b[ptr] = None
-                ptr = other
-            elif i + 1 < len(sizes):
-                b[ptr] = None
-                i += 1
-                bsize = sizes[i]
-                b = <dict>self.bins[bsize]
-                ptr = _pop_lowest(b)
-        if not b:
-            del self.bins[bsize]
-            del sizes[i]
-        del self.start[ptr]
-        del self.end[ptr + bsize]
-        if bsize > size:
-            self.add(ptr + size, bsize - size)
+        if spare is not None and _as_u64(spare, &sp) and deref(it).second == sp:
+            nx = it
+            inc(nx)
+            if nx != self.by_size.end():  # another block of the size, else the next size up
+                it = nx
+        bsize, ptr = deref(it).first, deref(it).second
+        self.by_size.erase(it)
+        self.by_addr.erase(ptr)
+        self.free_bytes -= bsize
+        if bsize > size:  # the remainder: its neighbours are not free (the block was maximal)
+            self.add_c(ptr + size, bsize - size)
         return ptr
 
-    cpdef fits(self, size):
-        cdef list sizes = self.sizes
-        cdef Py_ssize_t i = _bisect(sizes, size)
-        return sizes[i] if i < len(sizes) else None
+    cdef inline u64 fits_c(self, u64 size):
+        """The smallest free size that holds ``size``, or 0."""
+        cdef cset[SizePtr].iterator it = self.by_size.lower_bound(SizePtr(size, 0))
+        return 0 if it == self.by_size.end() else deref(it).first
 
-    # the rarer walks are the Python class's own methods (plain functions over the same attributes)
-    cut = _PyFreeList.cut  # the VMM's placement and release, both Python
-    candidates = _PyFreeList.candidates
-    blocks = _PyFreeList.blocks
-    absorb = _PyFreeList.absorb
-    largest = _PyFreeList.largest
-    total = _PyFreeList.total
+    def add(self, ptr, size):
+        """Add a block without coalescing."""
+        self.add_c(ptr, size)
+
+    def remove(self, ptr, size):
+        """Remove the free block ``[ptr, ptr + size)`` (it must be one: else KeyError)."""
+        cdef cmap[u64, u64].iterator it = self.by_addr.find(ptr)
+        if it == self.by_addr.end() or deref(it).second != <u64>size:
+            raise KeyError(ptr)
+        self.remove_c(ptr, size)
+
+    def insert(self, ptr, size, boundaries):
+        """Add a block, coalescing it with free neighbours on both sides (never across a boundary)."""
+        self.insert_c(ptr, size, boundaries)
+
+    def take(self, size, spare=None):
+        """Best fit: cut ``size`` bytes from a block of the smallest size that holds them; the block at
+        ``spare`` only when nothing else fits. None when nothing fits."""
+        cdef u64 n
+        if not _as_u64(size, &n):
+            return None
+        return self.take_c(n, spare)
+
+    def fits(self, size):
+        """The smallest free size that holds ``size``, or None."""
+        cdef u64 n
+        if not _as_u64(size, &n):
+            return None
+        n = self.fits_c(n)
+        return None if n == 0 else n
+
+    def cut(self, block, at, size):
+        """Take ``[at, at + size)`` out of the free block that starts at ``block``; the rest stays
+        free. Returns ``at + size``."""
+        cdef u64 b = block, a = at, n = size, bsize, end
+        cdef cmap[u64, u64].iterator it = self.by_addr.find(b)
+        if it == self.by_addr.end():
+            raise KeyError(block)
+        bsize = deref(it).second
+        end = b + bsize
+        self.remove_c(b, bsize)
+        if a > b:
+            self.add_c(b, a - b)
+        if end > a + n:
+            self.add_c(a + n, end - a - n)
+        return a + n
+
+    def candidates(self, size, n):
+        """Up to ``n`` blocks ``(size, ptr)`` that hold ``size``, best fit first."""
+        cdef u64 s
+        out = []
+        if not _as_u64(size, &s) or n <= 0:
+            return out
+        cdef cset[SizePtr].iterator it = self.by_size.lower_bound(SizePtr(s, 0))
+        while it != self.by_size.end() and len(out) < n:
+            out.append((deref(it).first, deref(it).second))
+            inc(it)
+        return out
+
+    def blocks(self):
+        """Every free block as ``(size, ptr)``, smallest first, lowest address first within a size."""
+        return [(e.first, e.second) for e in self.by_size]
+
+    def items(self):
+        """Every free block as ``(ptr, size)``, lowest address first."""
+        return [(e.first, e.second) for e in self.by_addr]
+
+    def size_at(self, ptr):
+        """The size of the free block that starts at ``ptr``, or None."""
+        cdef u64 p
+        if not _as_u64(ptr, &p):
+            return None
+        cdef cmap[u64, u64].iterator it = self.by_addr.find(p)
+        return None if it == self.by_addr.end() else deref(it).second
+
+    def ending_at(self, end):
+        """The start of the free block that ends at ``end``, or None."""
+        cdef u64 e
+        if not _as_u64(end, &e):
+            return None
+        cdef cmap[u64, u64].iterator it = self.by_addr.lower_bound(e)
+        if it == self.by_addr.begin():
+            return None
+        dec(it)
+        return deref(it).first if deref(it).first + deref(it).second == e else None
+
+    def absorb(self, FreeList other, boundaries):
+        """Merge ``other`` into whichever of the two is larger and return that one."""
+        big, small = (self, other) if self.by_addr.size() >= other.by_addr.size() else (other, self)
+        for ptr, size in small.items():
+            (<FreeList>big).insert_c(ptr, size, boundaries)
+        return big
+
+    def largest(self):
+        return 0 if self.by_size.empty() else deref(self.by_size.rbegin()).first
+
+    def total(self):
+        return self.free_bytes
+
+
+cdef class StateFields:
+    """A stream's state in the compiled build: the fields of ``_arena.StreamState`` as C struct fields
+    (the arena's state class adds its methods), read here without an attribute lookup."""
+    cdef public object stream
+    cdef public object cache  # a dict; None once retired (a test may put a dict subclass here)
+    cdef public list hot
+    cdef public FreeList free
+    cdef public set rehot
+
+    def __init__(self, stream, FreeList free not None):
+        self.stream, self.cache, self.hot, self.free, self.rehot = stream, {}, [], free, set()
 
 
 cdef class _Base:
@@ -176,14 +282,17 @@ cdef class _Base:
         self.allocate_slow, self.deallocate_slow = arena.allocate_slow, arena.deallocate_slow
         self.rescue, self.free_block = arena.rescue, arena.free_block
 
-    cdef inline object state_of(self, object stream):
+    cdef inline StateFields state_of(self, object stream):
+        """The stream's state, or None (the arena makes every state of the compiled build's class)."""
         if self.ordered:
-            return (<dict>self.states).get(stream.uid)
-        return self.states_get(stream.uid)
+            st = (<dict>self.states).get(stream.uid)
+        else:
+            st = self.states_get(stream.uid)
+        return None if st is None else <StateFields>st
 
     cdef inline object cached_pop(self, object stream, object size):
         """A block of ``size`` from ``stream``'s cache, lock-free, or None."""
-        st = self.state_of(stream)
+        cdef StateFields st = self.state_of(stream)
         if st is None:
             return None
         cache = st.cache
@@ -201,15 +310,16 @@ cdef class _Base:
         """``Arena.take`` (lock held) for a stream with a state: the default placement compiled
         (``StreamState.best_fit``), else the source's ``fit`` and ``prepare``; ``Arena.find`` when the
         fit fails, then ``missed_again``. A stream without a state: the arena's own."""
-        st = self.state_of(stream)
+        cdef u64 n
+        cdef StateFields st = self.state_of(stream)
         if st is None:
             return self.take(size, stream)
         ptr = None
         if self.default_fit:
             if st.hot:
                 ptr = self.take_cached(st, size)
-            if ptr is None:
-                ptr = (<FreeList?>st.free).take(size, None)
+            if ptr is None and _as_u64(size, &n):  # else nothing fits
+                ptr = st.free.take_c(n, None)
             if ptr is None:
                 ptr = self.find(size, stream, True)
         else:
@@ -221,30 +331,31 @@ cdef class _Base:
         self.missed_again(size, stream)
         return ptr
 
-    cdef object take_cached(self, object st, object size):
+    cdef object take_cached(self, StateFields st, object size):
         """``StreamState.take_cached`` (lock held)."""
         cdef list hot = st.hot
         cdef Py_ssize_t j = _bisect(hot, size), k, stop
-        if j == len(hot):
+        cdef u64 best, n, s
+        if j == len(hot) or not _as_u64(size, &n):
             return None
-        free = <FreeList?>st.free
-        best = free.fits(size)
-        if best is None:
-            best = 1 << 62
-        cache = <dict>st.cache
+        cdef FreeList free = st.free
+        best = free.fits_c(n)
+        if best == 0:
+            best = 1ULL << 62
+        cdef dict cache = <dict>st.cache
         stop = min(j + _CACHE_WINDOW, len(hot))
         for k in range(j, stop):
             s = hot[k]
             if s >= best:
                 return None
-            lst = cache.get(s)
+            lst = cache.get(hot[k])
             if lst:
                 try:
                     ptr = (<list>lst).pop()
                 except IndexError:  # a lock-free hit took the last one
                     continue
-                if s > size:
-                    free.insert(ptr + size, s - size, self.boundaries)
+                if s > n:
+                    free.insert_c(<u64>ptr + n, s - n, self.boundaries)
                 return ptr
         return None
 
@@ -264,15 +375,15 @@ cdef class _Base:
 
     cdef int free_block_c(self, object ptr, object size, object stream) except -1:
         """``Arena.free_block`` (lock held)."""
-        st = self.state_of(stream)
+        cdef StateFields st = self.state_of(stream)
         if st is None:
             self.free_block(ptr, size, stream)
             return 0
         lst = (<dict>st.cache).get(size)  # a state in the table is never retired (rule 4)
-        if lst is None and size in <set>st.rehot:
+        if lst is None and size in st.rehot:
             lst = st.hot_again(size, self.boundaries)
         if lst is None:
-            (<FreeList?>st.free).insert(ptr, size, self.boundaries)
+            st.free.insert_c(ptr, size, self.boundaries)
         else:
             (<list>lst).append(ptr)
         return 0
@@ -289,7 +400,7 @@ cdef class _Base:
     cdef inline int cache_or_free(self, object ptr, object size, object stream) except -1:
         """Put a freed block (no longer live) in its stream's cache if the size is hot, else in the
         free list under the lock; rule 3 (publish, then validate) as in the Python build."""
-        st = self.state_of(stream)
+        cdef StateFields st = self.state_of(stream)
         if st is not None:
             cache = st.cache
             if cache is not None:
@@ -740,7 +851,7 @@ cdef Py_ssize_t _drain() noexcept with gil:
         # taken with the GIL held: a holder (``_queue``) never waits for the GIL, so this cannot deadlock
         PyThread_acquire_lock(_pending_lock, 1)
         batch, n = _pending, _pending_len
-        _pending, _pending_len, _pending_cap = NULL, 0, 0
+        _pending, _pending_len, _pending_cap = <_PendingFree*>NULL, 0, 0
         _drain_scheduled = 0
         PyThread_release_lock(_pending_lock)
         if n == 0:

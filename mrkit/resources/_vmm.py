@@ -216,9 +216,9 @@ class _VirtualChunks(ChunkSource):
         # allocation (where later requests would map fresh pages instead of reusing mapped ones).
         st = arena.states.get(stream.uid)
         if st is not None and not exact:
-            tail = st.free.end.get(self._top)
+            tail = st.free.ending_at(self._top)
             if tail is not None:
-                size -= st.free.start[tail]
+                size -= st.free.size_at(tail)
         want = -(-size // self.page) * self.page
         if self._top + want > self.base + self.reserve_size:
             raise OutOfMemoryError(
@@ -246,7 +246,7 @@ class _VirtualChunks(ChunkSource):
                         other.flush(arena.boundaries, keep=True)
         elif st.cached():
             st.flush(arena.boundaries)
-        top = st.free.end.get(self._top)
+        top = st.free.ending_at(self._top)
         if self._by_mapping:
             ptr = self._fit_mapped(st.free, size, top)
             if ptr is not None:
@@ -311,7 +311,7 @@ class _VirtualChunks(ChunkSource):
         """Cut ``size`` bytes from the free block (at either end) that needs the fewest pages mapped,
         over every free block that holds it (the footprint limit's last placement before a refusal);
         None when nothing fits."""
-        best = self._least_missing([(n, p) for p, n in free.start.items() if n >= size], size)
+        best = self._least_missing([(n, p) for p, n in free.items() if n >= size], size)
         if best is None:
             return None
         _, ptr, at = best
@@ -595,7 +595,7 @@ class _VirtualChunks(ChunkSource):
 
     def _runs_in(self, free: FreeList):
         """The mappings lying wholly inside one free block of ``free``, with that block's start."""
-        for block, bsize in list(free.start.items()):
+        for block, bsize in free.items():
             yield from self._runs_in_block(block, bsize)
 
     def _runs_in_block(self, block: int, bsize: int, down: bool = False):
@@ -630,8 +630,8 @@ class _VirtualChunks(ChunkSource):
         blocks = []
         for st in list(self.arena.states.values()):
             st.flush(self.arena.boundaries)
-            if st.free.sizes and st.stream.alive is True:
-                blocks.extend((block, bsize, st) for block, bsize in st.free.start.items())
+            if st.free and st.stream.alive is True:
+                blocks.extend((block, bsize, st) for block, bsize in st.free.items())
         blocks.sort(key=lambda b: b[0], reverse=True)  # free blocks never overlap: runs come out in order
         chosen, got = [], 0
         for block, bsize, st in blocks:
