@@ -11,8 +11,9 @@ bench() {  # label, PYTHONPATH, extra env
   echo "== $1" >> "$OUT/ab.txt"
   env PYTHONPATH=$2 ${3:-} timeout 45 python3 $2/benchmarks/bench_core.py --quick --rounds 3 2>&1 | grep -E "^core:|x$" >> "$OUT/ab.txt"
 }
-for k in 1 2; do bench "old compiled $k" $OLD; bench "new compiled $k" $PWD; done
-bench "old python" $OLD MRKIT_NO_EXTENSIONS=1; bench "new python" $PWD MRKIT_NO_EXTENSIONS=1
+for k in $(seq ${ROUNDS:-2}); do bench "old compiled $k" $OLD; bench "new compiled $k" $PWD; done
+for k in $(seq ${PY_ROUNDS:-1}); do bench "old python $k" $OLD MRKIT_NO_EXTENSIONS=1; bench "new python $k" $PWD MRKIT_NO_EXTENSIONS=1; done
+[ "${WORKLOAD:-1}" = 0 ] && { cat "$OUT/ab.txt"; exit 0; }
 for who in new old; do
   P=$PWD; [ $who = old ] && P=$OLD
   ONLY="mrkit pool,cupy MemoryPool"; [ $who = old ] && ONLY="mrkit pool"
