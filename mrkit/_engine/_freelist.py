@@ -17,13 +17,17 @@ class FreeList:
 
     Not thread-safe: only ever touched under its arena's lock."""
 
-    __slots__ = ("sizes", "bins", "start", "end")
+    __slots__ = ("sizes", "bins", "start", "end", "size_at", "ending_at")
 
     def __init__(self) -> None:
         self.sizes: list[int] = []
         self.bins: dict[int, dict[int, None]] = {}
         self.start: dict[int, int] = {}
         self.end: dict[int, int] = {}
+        # size_at(ptr): the size of the free block that starts at ptr, or None; ending_at(end): the
+        # start of the free block that ends at end, or None (the maps' own lookups: no Python frame)
+        self.size_at = self.start.get
+        self.ending_at = self.end.get
 
     def __len__(self) -> int:
         return len(self.start)
@@ -134,14 +138,6 @@ class FreeList:
     def items(self) -> list[tuple[int, int]]:
         """Every free block as ``(ptr, size)``, lowest address first (a list)."""
         return sorted(self.start.items())
-
-    def size_at(self, ptr: int) -> int | None:
-        """The size of the free block that starts at ``ptr``, or None."""
-        return self.start.get(ptr)
-
-    def ending_at(self, end: int) -> int | None:
-        """The start of the free block that ends at ``end``, or None."""
-        return self.end.get(end)
 
     def absorb(self, other: "FreeList", boundaries) -> "FreeList":
         """Merge ``other`` into whichever of the two is larger and return that one (the smaller list
