@@ -1,6 +1,6 @@
 """Build the optional compiled core (``mrkit/_engine/_hotc.pyx``, Cython).
 
-Where Cython or a C compiler is missing, or ``MRKIT_NO_EXTENSIONS=1`` is set, mrkit installs as pure
+Where Cython or a C++ compiler is missing, or ``MRKIT_NO_EXTENSIONS=1`` is set, mrkit installs as pure
 Python and runs the same semantics from ``mrkit/_engine/_hot.py``; ``mrkit info`` says which core runs.
 Everything else is in ``pyproject.toml``."""
 import os

@@ -14,7 +14,7 @@ from mrkit import DeviceMemoryResource, PoolResource, StatisticsAdaptor, Stream
 from mrkit._engine import core_name, python_core
 
 compiled = pytest.mark.skipif(core_name() != "compiled", reason="the compiled core is not built here "
-                              "(no C compiler at install time, or MRKIT_NO_EXTENSIONS=1)")
+                              "(no C++ compiler at install time, or MRKIT_NO_EXTENSIONS=1)")
 
 
 def _run(env_extra) -> str:

@@ -33,7 +33,7 @@ def core_description() -> str:
         return f"compiled (Cython, {os.path.basename(_hotc.__file__)})"
     if "MRKIT_NO_EXTENSIONS" in _reason:
         return f"python ({_reason})"
-    return f"python ({_reason}: install with a C compiler present for the compiled core)"
+    return f"python ({_reason}: install with a C++ compiler present for the compiled core)"
 
 
 def paths():
