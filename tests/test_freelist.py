@@ -128,3 +128,49 @@ def _runs(free, boundaries):
             runs.append((start, g))
             start = g if g in free else None
     return runs
+
+
+@pytest.mark.skipif(_hotc is None, reason="the compiled core is not built here")
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("tfscx"), st.integers(1, 40), st.integers(0, 255)), max_size=120),
+       st.sets(st.integers(1, 15), max_size=4))
+def test_the_compiled_free_list_answers_as_the_python_one(ops, cuts):
+    """The twins side by side on one random sequence: every take (with and without a spare), cut,
+    free, candidates, neighbour lookup and walk gives the same answer, and absorbing a second list
+    leaves the same blocks."""
+    boundaries = {BASE + c * 16 * G for c in cuts}
+    py, cc = _freelist.FreeList(), _hotc.FreeList()
+    for fl in (py, cc):
+        fl.insert(BASE, 256 * G, boundaries)  # boundaries split nothing at insert: one block
+    live = []
+    for kind, n, at in ops:
+        blocks = py.items()
+        assert cc.items() == blocks and cc.blocks() == py.blocks() and len(cc) == len(py)
+        assert cc.total() == py.total() and cc.largest() == py.largest() and cc.fits(n * G) == py.fits(n * G)
+        assert cc.candidates(n * G, 3) == py.candidates(n * G, 3)
+        p = BASE + at * G
+        assert cc.size_at(p) == py.size_at(p) and cc.ending_at(p) == py.ending_at(p)
+        if kind in "ts":
+            spare = blocks[at % len(blocks)][0] if kind == "s" and blocks else None
+            got = py.take(n * G, spare)
+            assert cc.take(n * G, spare) == got
+            if got is not None:
+                live.append((got, n * G))
+        elif kind == "c" and blocks:  # cut n grains from the middle of a block that holds them
+            block, bsize = blocks[at % len(blocks)]
+            if bsize >= n * G:
+                off = (at % (bsize // G - n + 1)) * G
+                assert cc.cut(block, block + off, n * G) == py.cut(block, block + off, n * G)
+                live.append((block + off, n * G))
+        elif kind == "x" and live:  # hand half the live blocks to a second list, then absorb it
+            other_py, other_cc = _freelist.FreeList(), _hotc.FreeList()
+            for ptr, size in live[::2]:
+                other_py.insert(ptr, size, boundaries)
+                other_cc.insert(ptr, size, boundaries)
+            live = live[1::2]
+            py, cc = py.absorb(other_py, boundaries), cc.absorb(other_cc, boundaries)
+        elif live:
+            ptr, size = live.pop(n % len(live))
+            py.insert(ptr, size, boundaries)
+            cc.insert(ptr, size, boundaries)
+    assert cc.items() == py.items() and cc.blocks() == py.blocks()

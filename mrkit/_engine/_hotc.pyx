@@ -17,12 +17,13 @@ placement, its ``missed_again`` and its ``free_block`` (twins of :class:`~mrkit.
 step for step). Anything else (a source's own ``fit`` or ``prepare``, a stream with no state yet, growth,
 stealing, the out-of-memory reclaim) is the arena's Python code.
 """
-from cpython.dict cimport PyDict_GetItem
+from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.ref cimport PyObject
 from cython.operator cimport dereference as deref, preincrement as inc, predecrement as dec
 from libcpp.map cimport map as cmap
 from libcpp.set cimport set as cset
 from libcpp.utility cimport pair
+from libcpp.vector cimport vector
 from libc.stdint cimport intptr_t
 from libc.stdlib cimport free, realloc
 
@@ -195,22 +196,24 @@ cdef class FreeList:
     def candidates(self, size, n):
         """Up to ``n`` blocks ``(size, ptr)`` that hold ``size``, best fit first."""
         cdef u64 s
-        out = []
+        cdef vector[SizePtr] got  # copied out first: making the tuples may run the collector
         if not _as_u64(size, &s) or n <= 0:
-            return out
+            return []
         cdef cset[SizePtr].iterator it = self.by_size.lower_bound(SizePtr(s, 0))
-        while it != self.by_size.end() and len(out) < n:
-            out.append((deref(it).first, deref(it).second))
+        while it != self.by_size.end() and <Py_ssize_t>got.size() < n:
+            got.push_back(deref(it))
             inc(it)
-        return out
+        return [(e.first, e.second) for e in got]
 
     def blocks(self):
         """Every free block as ``(size, ptr)``, smallest first, lowest address first within a size."""
-        return [(e.first, e.second) for e in self.by_size]
+        cdef vector[SizePtr] got = vector[SizePtr](self.by_size.begin(), self.by_size.end())
+        return [(e.first, e.second) for e in got]
 
     def items(self):
         """Every free block as ``(ptr, size)``, lowest address first."""
-        return [(e.first, e.second) for e in self.by_addr]
+        cdef vector[SizePtr] got = vector[SizePtr](self.by_addr.begin(), self.by_addr.end())
+        return [(e.first, e.second) for e in got]
 
     def size_at(self, ptr):
         """The size of the free block that starts at ``ptr``, or None."""
@@ -256,6 +259,20 @@ cdef class StateFields:
 
     def __init__(self, stream, FreeList free not None):
         self.stream, self.cache, self.hot, self.free, self.rehot = stream, {}, [], free, set()
+
+    def cached(self):
+        """Whether any block is in the cache (lock held): ``StreamState.cached``, the values walked in
+        C (the VMM's placement asks on every miss)."""
+        cdef Py_ssize_t pos = 0
+        cdef PyObject *key
+        cdef PyObject *value
+        cache = self.cache
+        if not cache:
+            return False
+        while PyDict_Next(cache, &pos, &key, &value):  # only the lock adds keys
+            if <object>value:
+                return True
+        return False
 
 
 cdef class _Base:
