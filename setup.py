@@ -21,6 +21,13 @@ class OptionalBuildExt(build_ext):
         except Exception as exc:  # no compiler, no headers
             self._skip(exc)
 
+    def build_extensions(self):
+        # the free list re-keys tree nodes in place (std::map/std::set::extract): C++17
+        flag = "/std:c++17" if self.compiler.compiler_type == "msvc" else "-std=c++17"
+        for ext in self.extensions:
+            ext.extra_compile_args = [*ext.extra_compile_args, flag]
+        super().build_extensions()
+
     def build_extension(self, ext):
         try:
             super().build_extension(ext)

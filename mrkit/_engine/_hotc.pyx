@@ -80,6 +80,38 @@ cdef inline bint _as_u64(object x, u64 *out) except -1:
     return 1
 
 
+cdef extern from *:
+    """
+    #include <iterator>
+    #include <map>
+    #include <set>
+    #include <utility>
+    /* Move a free block to (ptr, size), reusing both of its tree nodes (no allocation): the size
+       tree's node is re-keyed and re-inserted; the address tree's node keeps its place when ptr is
+       unchanged (its size is updated in place), else it is re-keyed and re-inserted at its old
+       place (the caller guarantees no other block starts between the old and the new ptr). */
+    template <class S, class A>
+    static inline void mrkit_fl_move(S &by_size, A &by_addr, typename S::iterator sit,
+                                     typename A::iterator ait, unsigned long long ptr,
+                                     unsigned long long size) {
+        auto sn = by_size.extract(sit);
+        sn.value() = std::make_pair(size, ptr);
+        by_size.insert(std::move(sn));
+        if (ait->first == ptr) {
+            ait->second = size;
+        } else {
+            auto hint = std::next(ait);
+            auto an = by_addr.extract(ait);
+            an.key() = ptr;
+            an.mapped() = size;
+            by_addr.insert(hint, std::move(an));
+        }
+    }
+    """
+    void _fl_move "mrkit_fl_move"(cset[SizePtr]& by_size, cmap[u64, u64]& by_addr,
+                                  cset[SizePtr].iterator sit, cmap[u64, u64].iterator ait, u64 ptr, u64 size)
+
+
 cdef class FreeList:
     """The compiled twin of :class:`mrkit._engine._freelist.FreeList`: the same methods and answers,
     over two C++ trees: ``by_size`` (``(size, ptr)`` pairs, ordered: best fit, the lowest address
@@ -104,22 +136,31 @@ cdef class FreeList:
         self.free_bytes -= size
 
     cdef int insert_c(self, u64 ptr, u64 size, object boundaries) except -1:
-        """Add a block, coalescing it with its free neighbours (never across a boundary)."""
-        cdef u64 nxt = ptr + size
-        cdef cmap[u64, u64].iterator it = self.by_addr.find(nxt)
-        cdef u64 p, n
-        if it != self.by_addr.end() and nxt not in boundaries:  # the next block joins
-            n = deref(it).second
-            self.remove_c(nxt, n)
-            size += n
-        it = self.by_addr.lower_bound(ptr)
-        if it != self.by_addr.begin():
-            dec(it)
-            p, n = deref(it).first, deref(it).second
-            if p + n == ptr and ptr not in boundaries:  # the previous block joins
-                self.remove_c(p, n)
-                ptr, size = p, size + n
-        self.add_c(ptr, size)
+        """Add a block, coalescing it with its free neighbours (never across a boundary); a block
+        that joins a neighbour takes over that neighbour's tree nodes."""
+        cdef u64 nxt = ptr + size, p = 0, n = 0, psize = 0
+        cdef cmap[u64, u64].iterator nit = self.by_addr.find(nxt), pit
+        cdef bint join_next = nit != self.by_addr.end() and nxt not in boundaries
+        cdef bint join_prev = False
+        if join_next:
+            n = deref(nit).second
+        pit = self.by_addr.lower_bound(ptr)
+        if pit != self.by_addr.begin():
+            dec(pit)
+            p, psize = deref(pit).first, deref(pit).second
+            join_prev = p + psize == ptr and ptr not in boundaries
+        self.free_bytes += size
+        if join_prev:  # the previous block grows in place (and swallows the next one)
+            if join_next:
+                self.by_size.erase(SizePtr(n, nxt))
+                self.by_addr.erase(nit)
+            _fl_move(self.by_size, self.by_addr, self.by_size.find(SizePtr(psize, p)), pit, p,
+                     psize + size + n)
+        elif join_next:  # the next block grows downwards
+            _fl_move(self.by_size, self.by_addr, self.by_size.find(SizePtr(n, nxt)), nit, ptr, size + n)
+        else:
+            self.by_size.insert(SizePtr(size, ptr))
+            self.by_addr[ptr] = size
         return 0
 
     cdef object take_c(self, u64 size, object spare):
@@ -134,11 +175,12 @@ cdef class FreeList:
             if nx != self.by_size.end():  # another block of the size, else the next size up
                 it = nx
         bsize, ptr = deref(it).first, deref(it).second
-        self.by_size.erase(it)
-        self.by_addr.erase(ptr)
-        self.free_bytes -= bsize
-        if bsize > size:  # the remainder: its neighbours are not free (the block was maximal)
-            self.add_c(ptr + size, bsize - size)
+        self.free_bytes -= size
+        if bsize > size:  # the remainder keeps the block's nodes (its neighbours are not free)
+            _fl_move(self.by_size, self.by_addr, it, self.by_addr.find(ptr), ptr + size, bsize - size)
+        else:
+            self.by_size.erase(it)
+            self.by_addr.erase(ptr)
         return ptr
 
     cdef inline u64 fits_c(self, u64 size):
