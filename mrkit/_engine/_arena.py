@@ -5,6 +5,7 @@ cited where the code relies on it.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from bisect import bisect_left, insort
@@ -167,21 +168,15 @@ class StreamState(_StateMethods):
         self.rehot: set[int] = set()  # sizes hot before a flush that served a miss (Arena.find)
 
 
+@functools.cache
 def _state_class(build):
     """The state class of a build: :class:`StreamState`, or ``_StateMethods`` over the compiled
     build's ``StateFields``."""
     fields = getattr(build, "StateFields", None)
     if fields is None:
         return StreamState
-    cls = _STATE_CLASSES.get(fields)
-    if cls is None:
-        cls = _STATE_CLASSES[fields] = type("StreamState", (fields, _StateMethods),
-                                            {"__slots__": (), "__doc__": StreamState.__doc__,
-                                             "__module__": __name__})
-    return cls
-
-
-_STATE_CLASSES: dict = {}
+    return type("StreamState", (fields, _StateMethods),
+                {"__slots__": (), "__doc__": StreamState.__doc__, "__module__": __name__})
 
 
 class _OneState(dict):

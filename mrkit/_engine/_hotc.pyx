@@ -11,8 +11,8 @@ under the GIL as one C call (``states.get``, a cache list's ``pop``/``append``, 
 device)``, ``void free(void *self, void *ptr, int device)``), the signature of CuPy's
 ``CFunctionAllocator``: no Python object per block, no frame per call.
 
-The locked miss path is compiled too: :class:`FreeList` (the twin of :mod:`mrkit._engine._freelist`,
-same attributes, same answers) and, in :class:`_Base`, the arena's ``take`` for sources with the default
+The locked miss path is compiled too: :class:`FreeList` (the twin of :mod:`mrkit._engine._freelist`:
+the same methods and answers, over C++ trees), :class:`StateFields` (a stream's state as C fields) and, in :class:`_Base`, the arena's ``take`` for sources with the default
 placement, its ``missed_again`` and its ``free_block`` (twins of :class:`~mrkit._engine._arena.Arena`'s,
 step for step). Anything else (a source's own ``fit`` or ``prepare``, a stream with no state yet, growth,
 stealing, the out-of-memory reclaim) is the arena's Python code.
@@ -26,8 +26,6 @@ from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 from libc.stdint cimport intptr_t
 from libc.stdlib cimport free, realloc
-
-from bisect import bisect_left as _py_bisect_left
 
 from mrkit._resource import DEFAULT_ALIGNMENT
 from mrkit._stream import Stream
@@ -44,13 +42,14 @@ cdef extern from "Python.h":
     long long PyLong_AsLongLongAndOverflow(object obj, int *overflow) except? -1
 
 
-cdef inline Py_ssize_t _bisect(list a, object x) except -1:
-    """``bisect.bisect_left`` over a sorted list of sizes (C compares while ``x`` fits a long long)."""
-    cdef int overflow = 0
-    cdef long long v = PyLong_AsLongLongAndOverflow(x, &overflow), m
+ctypedef unsigned long long u64
+ctypedef pair[u64, u64] SizePtr
+
+
+cdef inline Py_ssize_t _bisect(list a, u64 v) except -1:
+    """``bisect.bisect_left`` over a sorted list of sizes, compared in C."""
     cdef Py_ssize_t lo = 0, hi = len(a), mid
-    if overflow:
-        return _py_bisect_left(a, x)
+    cdef u64 m
     while lo < hi:
         mid = (lo + hi) >> 1
         m = a[mid]
@@ -59,10 +58,6 @@ cdef inline Py_ssize_t _bisect(list a, object x) except -1:
         else:
             hi = mid
     return lo
-
-
-ctypedef unsigned long long u64
-ctypedef pair[u64, u64] SizePtr
 
 
 cdef inline bint _as_u64(object x, u64 *out) except -1:
@@ -149,7 +144,6 @@ cdef class FreeList:
             dec(pit)
             p, psize = deref(pit).first, deref(pit).second
             join_prev = p + psize == ptr and ptr not in boundaries
-        self.free_bytes += size
         if join_prev:  # the previous block grows in place (and swallows the next one)
             if join_next:
                 self.by_size.erase(SizePtr(n, nxt))
@@ -159,8 +153,9 @@ cdef class FreeList:
         elif join_next:  # the next block grows downwards
             _fl_move(self.by_size, self.by_addr, self.by_size.find(SizePtr(n, nxt)), nit, ptr, size + n)
         else:
-            self.by_size.insert(SizePtr(size, ptr))
-            self.by_addr[ptr] = size
+            self.add_c(ptr, size)
+            return 0
+        self.free_bytes += size
         return 0
 
     cdef object take_c(self, u64 size, object spare):
@@ -375,10 +370,11 @@ cdef class _Base:
             return self.take(size, stream)
         ptr = None
         if self.default_fit:
-            if st.hot:
-                ptr = self.take_cached(st, size)
-            if ptr is None and _as_u64(size, &n):  # else nothing fits
-                ptr = st.free.take_c(n, None)
+            if _as_u64(size, &n):  # else nothing fits
+                if st.hot:
+                    ptr = self.take_cached(st, n)
+                if ptr is None:
+                    ptr = st.free.take_c(n, None)
             if ptr is None:
                 ptr = self.find(size, stream, True)
         else:
@@ -390,12 +386,12 @@ cdef class _Base:
         self.missed_again(size, stream)
         return ptr
 
-    cdef object take_cached(self, StateFields st, object size):
-        """``StreamState.take_cached`` (lock held)."""
+    cdef object take_cached(self, StateFields st, u64 n):
+        """``StreamState.take_cached`` for ``n`` bytes (lock held)."""
         cdef list hot = st.hot
-        cdef Py_ssize_t j = _bisect(hot, size), k, stop
-        cdef u64 best, n, s
-        if j == len(hot) or not _as_u64(size, &n):
+        cdef Py_ssize_t j = _bisect(hot, n), k, stop
+        cdef u64 best, s
+        if j == len(hot):
             return None
         cdef FreeList free = st.free
         best = free.fits_c(n)
@@ -404,10 +400,11 @@ cdef class _Base:
         cdef dict cache = <dict>st.cache
         stop = min(j + _CACHE_WINDOW, len(hot))
         for k in range(j, stop):
-            s = hot[k]
+            key = hot[k]
+            s = key
             if s >= best:
                 return None
-            lst = cache.get(hot[k])
+            lst = cache.get(key)
             if lst:
                 try:
                     ptr = (<list>lst).pop()
