@@ -249,7 +249,6 @@ class Arena:
         self.device_id = device_id
         self.driver = driver
         self.ordered = ordered
-        self.lock = threading.Lock()
         self.live: dict[int, int] = {}  # ptr -> nbytes as requested
         self.aligned: dict[int, tuple[int, int, int, int]] = {}  # ptr -> (block, size, nbytes, alignment > 256)
         self.states: dict[int, StreamState] = {} if ordered else _OneState()
@@ -257,18 +256,24 @@ class Arena:
         self.boundaries: set[int] = set()  # chunk bases: blocks never coalesce across them
         self.held = 0
         self.event = None
-        self.missed: dict[int, int] = {}  # size -> when it last missed the cache (see missed_again)
-        self.misses = 0
         self._prepare = source.prepare if source.prepares else None
         # the default placement and nothing to prepare: the compiled build runs the placement in C too
         self.default_fit = type(source).fit is ChunkSource.fit and self._prepare is None
         self.build = _paths()  # the hot path's build (compiled or Python), kept for its variants
+        # the compiled build's lock is CPython's own lock (threading.Lock's) taken from C without a call
+        self.lock = self.build.Lock() if hasattr(self.build, "Lock") else threading.Lock()
+        self.missed = self.build.Misses(source.hot_distance, _MISSED_MAX)  # see missed_again
         self._State = _state_class(self.build)
         self.allocate, self.deallocate = self.build.plain_paths(self)
 
     @property
     def owner(self):
         return self._owner()
+
+    @property
+    def misses(self) -> int:
+        """How many requests missed the cache (took the locked path) so far."""
+        return self.missed.count
 
     # -- reading --------------------------------------------------------------------------------
     def live_total(self) -> int:
@@ -346,14 +351,8 @@ class Arena:
     def missed_again(self, size: int, stream: Stream) -> None:
         """Note a cache miss of ``size`` (lock held); the second one makes the size hot for the
         stream (:meth:`StreamState.register`), so its frees are cached from then on."""
-        missed = self.missed
-        n = self.misses = self.misses + 1
-        last = missed.get(size)
-        if last is not None and n - last <= self.source.hot_distance:
+        if self.missed.note(size):
             self.state(stream).register(size, self.boundaries)
-        elif len(missed) >= _MISSED_MAX:
-            missed.clear()
-        missed[size] = n
 
     def find(self, size: int, stream: Stream, tried: bool = False) -> int:
         """``size`` bytes for ``stream`` (lock held): its own free memory (unless ``tried`` already),

@@ -28,7 +28,30 @@ from .._resource import DEFAULT_ALIGNMENT, check_request
 from .._stream import Stream
 from ._freelist import FreeList
 
-__all__ = ["plain_paths", "counting_paths", "hook_paths", "checked_free_args", "FreeList"]
+__all__ = ["plain_paths", "counting_paths", "hook_paths", "checked_free_args", "FreeList", "Misses"]
+
+
+class Misses:
+    """The sizes that missed the cache lately (touched only under the arena's lock): :meth:`note`
+    counts a miss and says whether the same size missed within ``distance`` misses before, which
+    makes it worth a cache list. At most ``capacity`` sizes are remembered; past that it starts afresh."""
+
+    __slots__ = ("last", "count", "distance", "capacity")
+
+    def __init__(self, distance: int, capacity: int) -> None:
+        self.last: dict[int, int] = {}  # size -> the count at its last miss
+        self.count = 0
+        self.distance, self.capacity = distance, capacity
+
+    def note(self, size: int) -> bool:
+        last = self.last
+        n = self.count = self.count + 1
+        prev = last.get(size)
+        again = prev is not None and n - prev <= self.distance
+        if not again and len(last) >= self.capacity:
+            last.clear()
+        last[size] = n
+        return again
 
 
 def checked_free_args(nbytes, alignment):

@@ -35,7 +35,6 @@ cdef object _Stream = Stream
 cdef object _DEFAULT = DEFAULT_ALIGNMENT
 cdef object _checked = checked_free_args
 cdef Py_ssize_t _CACHE_WINDOW = 8  # _arena._CACHE_WINDOW
-cdef Py_ssize_t _MISSED_MAX = 4096  # _arena._MISSED_MAX
 
 
 cdef extern from "Python.h":
@@ -312,26 +311,134 @@ cdef class StateFields:
         return False
 
 
+cdef extern from "pythread.h":
+    ctypedef void *PyThread_type_lock
+    ctypedef enum PyLockStatus:
+        PY_LOCK_FAILURE, PY_LOCK_ACQUIRED, PY_LOCK_INTR
+    PyThread_type_lock PyThread_allocate_lock()
+    void PyThread_free_lock(PyThread_type_lock lock)
+    int PyThread_acquire_lock(PyThread_type_lock lock, int waitflag) nogil
+    PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds,
+                                             int intr_flag) nogil
+    void PyThread_release_lock(PyThread_type_lock lock) nogil
+
+
+cdef class Lock:
+    """An arena's lock in the compiled build: CPython's own lock (the one ``threading.Lock`` wraps),
+    which the compiled paths take and release in C, without a Python call. From Python it is a
+    ``threading.Lock`` (``acquire(blocking, timeout)``, ``release``, ``locked``, ``with``); a wait
+    releases the GIL, and is not interrupted by signals."""
+    cdef PyThread_type_lock lk
+    cdef bint held
+
+    def __cinit__(self):
+        self.lk = PyThread_allocate_lock()
+        if self.lk is NULL:
+            raise MemoryError("could not allocate a lock")
+
+    def __dealloc__(self):
+        if self.lk is not NULL:
+            if self.held:
+                PyThread_release_lock(self.lk)
+            PyThread_free_lock(self.lk)
+
+    cdef inline int take(self) except -1:
+        if not PyThread_acquire_lock(self.lk, 0):
+            with nogil:
+                PyThread_acquire_lock(self.lk, 1)
+        self.held = True
+        return 0
+
+    cdef inline void give(self):
+        self.held = False
+        PyThread_release_lock(self.lk)
+
+    def acquire(self, blocking=True, timeout=-1):
+        """Take the lock (``threading.Lock.acquire``'s arguments); whether it was taken."""
+        cdef long long us
+        cdef PyLockStatus r
+        if not blocking:
+            if timeout != -1:
+                raise ValueError("can't specify a timeout for a non-blocking call")
+            ok = PyThread_acquire_lock(self.lk, 0)
+        elif timeout == -1:
+            self.take()
+            return True
+        else:
+            if timeout < 0:
+                raise ValueError("timeout value must be a non-negative number")
+            us = <long long>(timeout * 1e6)
+            with nogil:
+                r = PyThread_acquire_lock_timed(self.lk, us, 0)
+            ok = r == PY_LOCK_ACQUIRED
+        if ok:
+            self.held = True
+        return bool(ok)
+
+    def release(self):
+        if not self.held:
+            raise RuntimeError("release unlocked lock")
+        self.give()
+
+    def locked(self):
+        return self.held
+
+    def __enter__(self):
+        self.take()
+        return True
+
+    def __exit__(self, *exc):
+        self.give()
+
+    def __repr__(self):
+        return f"<mrkit lock {'locked' if self.held else 'unlocked'}>"
+
+
+cdef class Misses:
+    """The compiled twin of ``_hot.Misses``: the sizes that missed the cache lately, the counter a C
+    field (touched only under the arena's lock)."""
+    cdef readonly dict last
+    cdef readonly Py_ssize_t count, distance, capacity
+
+    def __init__(self, Py_ssize_t distance, Py_ssize_t capacity):
+        self.last, self.distance, self.capacity = {}, distance, capacity
+
+    cdef bint note_c(self, object size) except -1:
+        cdef dict last = self.last
+        self.count += 1
+        prev = last.get(size)
+        cdef bint again = prev is not None and self.count - <Py_ssize_t>prev <= self.distance
+        if not again and len(last) >= self.capacity:
+            last.clear()
+        last[size] = self.count
+        return again
+
+    def note(self, size):
+        """Count a miss of ``size``; whether it missed within ``distance`` misses before."""
+        return self.note_c(size)
+
+
 cdef class _Base:
     """What every variant reads: the arena's live table, states, lock and locked steps."""
     cdef dict live
-    cdef object states, states_get, lock, acquire, release
+    cdef object states, states_get
+    cdef Lock lock
+    cdef Misses missed
     cdef bint ordered
     cdef object take, to_stream, allocate_slow, deallocate_slow, rescue, free_block
-    cdef object arena, find, boundaries, hot_distance, fit, prepare
+    cdef object arena, find, boundaries, fit, prepare
     cdef bint default_fit
 
     def __init__(self, arena):
         self.arena, self.find, self.boundaries = arena, arena.find, arena.boundaries
-        self.hot_distance = arena.source.hot_distance
         self.default_fit = arena.default_fit  # the placement compiled here, else the source's own
         self.fit, self.prepare = arena.source.fit, arena._prepare
         self.live = arena.live
         self.states = arena.states
         self.ordered = type(arena.states) is dict  # else one state for every stream (its own get)
         self.states_get = arena.states.get
-        self.lock = arena.lock
-        self.acquire, self.release = arena.lock.acquire, arena.lock.release
+        self.lock = arena.lock  # the build's Lock (the arena makes it)
+        self.missed = arena.missed
         self.take, self.to_stream = arena.take, arena.as_stream
         self.allocate_slow, self.deallocate_slow = arena.allocate_slow, arena.deallocate_slow
         self.rescue, self.free_block = arena.rescue, arena.free_block
@@ -417,16 +524,8 @@ cdef class _Base:
 
     cdef int missed_again(self, object size, object stream) except -1:
         """``Arena.missed_again`` (lock held)."""
-        arena = self.arena
-        missed = <dict>arena.missed
-        n = arena.misses + 1
-        arena.misses = n
-        last = missed.get(size)
-        if last is not None and n - last <= self.hot_distance:
-            arena.state(stream).register(size, self.boundaries)
-        elif len(missed) >= _MISSED_MAX:
-            missed.clear()
-        missed[size] = n
+        if self.missed.note_c(size):
+            self.arena.state(stream).register(size, self.boundaries)
         return 0
 
     cdef int free_block_c(self, object ptr, object size, object stream) except -1:
@@ -445,12 +544,12 @@ cdef class _Base:
         return 0
 
     cdef inline object locked_take(self, object size, object stream, object nbytes):
-        self.acquire()
+        self.lock.take()
         try:
             ptr = self.take_c(size, stream)
             self.live[ptr] = nbytes
         finally:
-            self.release()
+            self.lock.give()
         return ptr
 
     cdef inline int cache_or_free(self, object ptr, object size, object stream) except -1:
@@ -465,25 +564,25 @@ cdef class _Base:
                     (<list>lst).append(ptr)
                     if st.cache is cache:
                         return 0
-                    self.acquire()
+                    self.lock.take()
                     try:
                         self.rescue(lst, size, stream)
                     finally:
-                        self.release()
+                        self.lock.give()
                     return 0
-        self.acquire()
+        self.lock.take()
         try:
             self.free_block_c(ptr, size, stream)
         finally:
-            self.release()
+            self.lock.give()
         return 0
 
     cdef inline int locked_free(self, ptr, nbytes, stream, alignment) except -1:
-        self.acquire()
+        self.lock.take()
         try:
             self.deallocate_slow(ptr, nbytes, stream, alignment)
         finally:
-            self.release()
+            self.lock.give()
         return 0
 
 
@@ -831,11 +930,6 @@ cdef list _torch_slots = []
 cdef extern from "Python.h":
     int PyGILState_Check() nogil
     int Py_AddPendingCall(int (*func)(void*) noexcept, void *arg) nogil
-cdef extern from "pythread.h":
-    ctypedef void *PyThread_type_lock
-    PyThread_type_lock PyThread_allocate_lock()
-    int PyThread_acquire_lock(PyThread_type_lock lock, int waitflag) nogil
-    void PyThread_release_lock(PyThread_type_lock lock) nogil
 
 ctypedef struct _PendingFree:
     int slot
