@@ -1,5 +1,5 @@
 """The arena's lock and its miss table, on both builds: the compiled ``_hotc.Lock`` behaves as the
-``threading.Lock`` the Python build uses, and ``_hotc.Misses`` answers as ``_hot.Misses``."""
+``threading.RLock`` the Python build uses, and ``_hotc.Misses`` answers as ``_hot.Misses``."""
 from __future__ import annotations
 
 import threading
@@ -18,26 +18,35 @@ except ImportError:
     _hotc = None
 
 compiled = pytest.mark.skipif(_hotc is None, reason="the compiled core is not built here")
-LOCKS = [pytest.param(threading.Lock, id="python"),
+LOCKS = [pytest.param(threading.RLock, id="python"),
          pytest.param(getattr(_hotc, "Lock", None), id="compiled", marks=compiled)]
 
 
 @pytest.mark.parametrize("make", LOCKS)
-def test_the_lock_behaves_as_threading_lock(make):
+def test_the_lock_behaves_as_threading_rlock(make):
     lk = make()
-    assert not lk.locked()
-    assert lk.acquire() is True and lk.locked()
-    assert lk.acquire(False) is False  # not reentrant
-    assert lk.acquire(True, 0.01) is False
+    assert not lk._is_owned()
+    assert lk.acquire() is True and lk._is_owned()
+    assert lk.acquire(False) is True  # reentrant for its holder
+    lk.release()
+    assert lk._is_owned()
+    other = []
+    t = threading.Thread(target=lambda: other.append((lk.acquire(False), lk.acquire(True, 0.01), lk._is_owned())))
+    t.start()
+    t.join(10)
+    assert other == [(False, False, False)]  # another thread neither gets it nor owns it
     with pytest.raises(ValueError):
         lk.acquire(False, 1.0)
     lk.release()
-    assert not lk.locked()
+    assert not lk._is_owned()
     with pytest.raises(RuntimeError):
         lk.release()
     with lk:
-        assert lk.locked()
-    assert not lk.locked()
+        assert lk._is_owned()
+        with lk:
+            assert lk._is_owned()
+        assert lk._is_owned()
+    assert not lk._is_owned()
     assert lk.acquire(timeout=0.5) is True
     lk.release()
 
@@ -62,7 +71,7 @@ def test_the_lock_excludes_other_threads_and_lets_them_run_while_they_wait(make)
     for t in ts:
         t.join(60)
     assert not any(t.is_alive() for t in ts)
-    assert box[0] == 8 * n and not lk.locked()
+    assert box[0] == 8 * n and not lk._is_owned()
 
 
 @compiled

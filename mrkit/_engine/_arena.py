@@ -260,8 +260,12 @@ class Arena:
         # the default placement and nothing to prepare: the compiled build runs the placement in C too
         self.default_fit = type(source).fit is ChunkSource.fit and self._prepare is None
         self.build = _paths()  # the hot path's build (compiled or Python), kept for its variants
-        # the compiled build's lock is CPython's own lock (threading.Lock's) taken from C without a call
-        self.lock = self.build.Lock() if hasattr(self.build, "Lock") else threading.Lock()
+        # Reentrant, and it knows its owner: a free that arrives while this thread holds it (a
+        # finalizer run by the garbage collector inside a locked step) is deferred, never a deadlock
+        # (see defer). The compiled build's is CPython's own lock, taken from C without a call.
+        self.lock = self.build.Lock() if hasattr(self.build, "Lock") else threading.RLock()
+        self.owned = self.lock._is_owned
+        self.deferred: list[tuple[int, int, Stream]] = []  # (block, size, stream): see defer
         self.missed = self.build.Misses(source.hot_distance, _MISSED_MAX)  # see missed_again
         self._State = _state_class(self.build)
         self.allocate, self.deallocate = self.build.plain_paths(self)
@@ -280,7 +284,7 @@ class Arena:
         return sum(list(self.live.values())) + sum(e[2] for e in list(self.aligned.values()))
 
     def free_total(self) -> int:
-        return sum(st.bytes() for st in list(self.states.values()))
+        return sum(st.bytes() for st in list(self.states.values())) + sum(d[1] for d in list(self.deferred))
 
     # -- streams --------------------------------------------------------------------------------
     def as_stream(self, stream) -> Stream:
@@ -346,7 +350,48 @@ class Arena:
         if prepare is not None:
             ptr = prepare(self, ptr, size, stream)
         self.missed_again(size, stream)
+        if self.deferred:
+            self.apply_deferred()
         return ptr
+
+    def defer(self, block: int, size: int, stream: Stream) -> None:
+        """Queue a freed block (no longer live) for its free list: this thread holds the lock, so it
+        is inside a locked step that a finalizer interrupted (the garbage collector collected an
+        object that frees memory of this arena, e.g. a CuPy array in a reference cycle). Waiting for
+        the lock would deadlock, and changing the free lists in the middle of that step could corrupt
+        them; the step's end applies the queue (:meth:`apply_deferred`). Rule 2: a block is live, in a
+        cache list, in a free list, or here."""
+        self.deferred.append((block, size, stream))
+
+    def free_nested(self, ptr, nbytes, stream: Stream, alignment, size: int | None = None) -> None:
+        """A free while this thread holds the lock (see :meth:`defer`). ``size``: the fast path already
+        took the block out of the live table; else it is checked and taken out here (a bad free raises
+        at once, changing nothing), then deferred."""
+        if size is None:
+            got = self.unlive(ptr, nbytes, alignment)
+            if got is None:
+                return
+            ptr, size = got
+        self.defer(ptr, size, stream)
+
+    def rescue_nested(self, lst: list, size: int, stream: Stream) -> None:
+        """:meth:`rescue` while this thread holds the lock: the blocks are deferred."""
+        for p in drain(lst):
+            self.defer(p, size, stream)
+
+    def apply_deferred(self) -> None:
+        """Put the deferred frees in their free lists or caches (lock held, at the end of a locked step)."""
+        d = self.deferred
+        while d:
+            block, size, stream = d.pop()
+            self.free_block(block, size, stream)
+
+    def nested_allocation(self, nbytes) -> None:
+        """An allocation while this thread holds the lock (a finalizer that allocates, run inside a
+        locked step) cannot be served: raises RuntimeError."""
+        raise RuntimeError(
+            f"{self.owner!r} cannot allocate {nbytes} bytes here: this thread is inside one of its locked "
+            f"steps (a finalizer, run by the garbage collector there, allocated)")
 
     def missed_again(self, size: int, stream: Stream) -> None:
         """Note a cache miss of ``size`` (lock held); the second one makes the size hot for the
@@ -503,6 +548,7 @@ class Arena:
         for the streams that hold free memory and pools their free lists on the default stream, so a
         chunk whose pieces were freed on different streams coalesces whole again."""
         with self.lock:
+            self.apply_deferred()
             if any(u != DEFAULT_STREAM.uid for u in self.states):
                 self.quiesce(self.state(DEFAULT_STREAM))
             released = 0
@@ -521,6 +567,8 @@ class Arena:
         if alignment <= GRAIN:
             return self.allocate(nbytes, stream)
         size = (nbytes + alignment - GRAIN + 255) & -256
+        if self.owned():
+            self.nested_allocation(nbytes)
         with self.lock:
             block = self.take(size, stream)
             ptr = block + (-block % alignment)
@@ -530,8 +578,18 @@ class Arena:
     def deallocate_slow(self, ptr, nbytes, stream: Stream, alignment) -> None:
         """A free the fast path did not accept (lock held): zero, aligned blocks, and errors, which
         leave everything unchanged."""
+        got = self.unlive(ptr, nbytes, alignment)
+        if got is not None:
+            self.free_block(got[0], got[1], stream)
+        if self.deferred:
+            self.apply_deferred()
+
+    def unlive(self, ptr, nbytes, alignment) -> tuple[int, int] | None:
+        """Check a free the fast path did not accept and take its block out of the live tables:
+        ``(block, size)`` to free, or None for the free of nothing (``0, 0``). A bad free raises
+        ValueError and changes nothing. Single dict operations, as on the lock-free path."""
         if ptr == 0 and nbytes == 0:
-            return
+            return None
         entry = self.aligned.get(ptr)
         if entry is None:
             size = self.live.get(ptr)
@@ -552,7 +610,7 @@ class Arena:
                 raise ValueError(f"alignment {alignment} does not match the allocation at {ptr:#x} "
                                  f"(made with alignment {align})")
             del self.aligned[ptr]
-        self.free_block(block, size, stream)
+        return block, size
 
     def free_block(self, block: int, size: int, stream: Stream) -> None:
         """A freed block (lock held): into its stream's cache when the size is hot, else coalesced

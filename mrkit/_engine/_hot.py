@@ -65,6 +65,8 @@ def plain_paths(arena):
     live, lock, states_get, take = arena.live, arena.lock, arena.states.get, arena.take
     live_pop, to_stream, allocate_slow = live.pop, arena.as_stream, arena.allocate_slow
     deallocate_slow, rescue, free_block = arena.deallocate_slow, arena.rescue, arena.free_block
+    owned, defer, free_nested, rescue_nested = arena.owned, arena.defer, arena.free_nested, arena.rescue_nested
+    nested = arena.nested_allocation
     _Stream, _int, _type, _default, _checked = Stream, int, type, DEFAULT_ALIGNMENT, checked_free_args
     _AttributeError, _IndexError = AttributeError, IndexError
 
@@ -89,6 +91,8 @@ def plain_paths(arena):
                 else:
                     live[ptr] = nbytes
                     return ptr
+        if owned():  # a finalizer allocating inside this thread's locked step
+            nested(nbytes)
         with lock:
             ptr = take(size, stream)
             live[ptr] = nbytes
@@ -102,15 +106,21 @@ def plain_paths(arena):
         if _type(nbytes) is not _int or alignment is not _default:
             nbytes, alignment = _checked(nbytes, alignment)
             if alignment > 256:  # an aligned block, or an alignment that does not match: the lock decides
-                with lock:
-                    deallocate_slow(ptr, nbytes, stream, alignment)
+                if owned():  # a finalizer freeing inside this thread's locked step: deferred
+                    free_nested(ptr, nbytes, stream, alignment)
+                else:
+                    with lock:
+                        deallocate_slow(ptr, nbytes, stream, alignment)
                 return
         n = live_pop(ptr, None)
         if n != nbytes:  # zero, aligned blocks, and every error: the locked path decides
             if n is not None:
                 live[ptr] = n
-            with lock:
-                deallocate_slow(ptr, nbytes, stream, alignment)
+            if owned():  # a finalizer freeing inside this thread's locked step: deferred
+                free_nested(ptr, nbytes, stream, alignment)
+            else:
+                with lock:
+                    deallocate_slow(ptr, nbytes, stream, alignment)
             return
         size = (nbytes + 255) & -256
         st = states_get(stream.uid)
@@ -125,9 +135,14 @@ def plain_paths(arena):
                     lst.append(ptr)
                     if st.cache is cache:  # rule 3: still attached, so the block is where it belongs
                         return
-                    with lock:
-                        rescue(lst, size, stream)
+                    if owned():
+                        rescue_nested(lst, size, stream)
+                    else:
+                        with lock:
+                            rescue(lst, size, stream)
                     return
+        if owned():  # a finalizer freeing inside this thread's locked step: deferred (Arena.defer)
+            return defer(ptr, size, stream)
         with lock:  # any other size coalesces into the free list now
             free_block(ptr, size, stream)
 
@@ -141,6 +156,8 @@ def counting_paths(arena, events: list, on_full, limit: int, counted: dict):
     live, lock, states_get, take = arena.live, arena.lock, arena.states.get, arena.take
     live_pop, to_stream, allocate_slow = live.pop, arena.as_stream, arena.allocate_slow
     deallocate_slow, rescue, free_block = arena.deallocate_slow, arena.rescue, arena.free_block
+    owned, defer, free_nested, rescue_nested = arena.owned, arena.defer, arena.free_nested, arena.rescue_nested
+    nested = arena.nested_allocation
     record, counted_pop = events.append, counted.pop
     _Stream, _int, _type, _len, _default, _checked = Stream, int, type, len, DEFAULT_ALIGNMENT, checked_free_args
     _AttributeError, _IndexError, _BaseException = AttributeError, IndexError, BaseException
@@ -150,8 +167,11 @@ def counting_paths(arena, events: list, on_full, limit: int, counted: dict):
         adaptor counted the block; an error leaves the block counted, as it leaves it live."""
         c = counted_pop(ptr, None)  # forgotten first: once freed, another thread may get ptr again
         try:
-            with lock:
-                deallocate_slow(ptr, nbytes, stream, alignment)
+            if owned():  # a finalizer freeing inside this thread's locked step: deferred
+                free_nested(ptr, nbytes, stream, alignment)
+            else:
+                with lock:
+                    deallocate_slow(ptr, nbytes, stream, alignment)
         except _BaseException:
             if c is not None:
                 counted[ptr] = c
@@ -188,6 +208,8 @@ def counting_paths(arena, events: list, on_full, limit: int, counted: dict):
                     counted[ptr] = nbytes
                     record(nbytes)
                     return ptr
+        if owned():  # a finalizer allocating inside this thread's locked step
+            nested(nbytes)
         with lock:
             ptr = take(size, stream)
             live[ptr] = nbytes
@@ -225,9 +247,14 @@ def counting_paths(arena, events: list, on_full, limit: int, counted: dict):
                     lst.append(ptr)
                     if st.cache is cache:
                         return
-                    with lock:
-                        rescue(lst, size, stream)
+                    if owned():
+                        rescue_nested(lst, size, stream)
+                    else:
+                        with lock:
+                            rescue(lst, size, stream)
                     return
+        if owned():  # a finalizer freeing inside this thread's locked step: deferred (Arena.defer)
+            return defer(ptr, size, stream)
         with lock:
             free_block(ptr, size, stream)
 
@@ -248,6 +275,8 @@ def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
     live, lock, states_get, take = arena.live, arena.lock, arena.states.get, arena.take
     live_pop, allocate_slow = live.pop, arena.allocate_slow
     deallocate_slow, rescue, free_block = arena.deallocate_slow, arena.rescue, arena.free_block
+    owned, defer, free_nested, rescue_nested = arena.owned, arena.defer, arena.free_nested, arena.rescue_nested
+    nested = arena.nested_allocation
     where: dict[int, Stream] = {}
     where_pop = where.pop
     _int, _type = int, type
@@ -281,6 +310,8 @@ def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
                     live[ptr] = nbytes
                     where[ptr] = stream
                     return ptr
+        if owned():  # a finalizer allocating inside this thread's locked step
+            nested(nbytes)
         with lock:
             ptr = take(size, stream)
             live[ptr] = nbytes
@@ -294,8 +325,11 @@ def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
             return foreign_free(ptr)
         nbytes = live_pop(ptr, None)
         if nbytes is None:  # cannot happen while ``where`` and ``live`` agree; the lock decides
-            with lock:
-                deallocate_slow(ptr, -1, stream, 256)
+            if owned():  # a finalizer freeing inside this thread's locked step: deferred
+                free_nested(ptr, -1, stream, 256)
+            else:
+                with lock:
+                    deallocate_slow(ptr, -1, stream, 256)
             return
         size = (nbytes + 255) & -256
         st = states_get(stream.uid)
@@ -310,9 +344,14 @@ def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
                     lst.append(ptr)
                     if st.cache is cache:
                         return
-                    with lock:
-                        rescue(lst, size, stream)
+                    if owned():
+                        rescue_nested(lst, size, stream)
+                    else:
+                        with lock:
+                            rescue(lst, size, stream)
                     return
+        if owned():  # a finalizer freeing inside this thread's locked step: deferred (Arena.defer)
+            return defer(ptr, size, stream)
         with lock:
             free_block(ptr, size, stream)
 

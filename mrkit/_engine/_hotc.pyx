@@ -323,13 +323,19 @@ cdef extern from "pythread.h":
     void PyThread_release_lock(PyThread_type_lock lock) nogil
 
 
+cdef extern from "pythread.h":
+    unsigned long PyThread_get_thread_ident() nogil
+
+
 cdef class Lock:
-    """An arena's lock in the compiled build: CPython's own lock (the one ``threading.Lock`` wraps),
-    which the compiled paths take and release in C, without a Python call. From Python it is a
-    ``threading.Lock`` (``acquire(blocking, timeout)``, ``release``, ``locked``, ``with``); a wait
-    releases the GIL, and is not interrupted by signals."""
+    """An arena's lock in the compiled build: CPython's own lock (the one ``threading.Lock`` wraps)
+    that knows its owner. The compiled paths take it in C, without a Python call, and learn when the
+    calling thread holds it already (:meth:`take`); from Python it is a ``threading.RLock``
+    (``acquire(blocking, timeout)``, ``release``, ``with``, and ``_is_owned`` as the Python build's
+    lock has it). A wait releases the GIL and is not interrupted by signals."""
     cdef PyThread_type_lock lk
-    cdef bint held
+    cdef unsigned long owner  # the holder's thread ident, set while held
+    cdef Py_ssize_t depth  # acquisitions by the holder (Python's acquire is reentrant)
 
     def __cinit__(self):
         self.lk = PyThread_allocate_lock()
@@ -338,60 +344,73 @@ cdef class Lock:
 
     def __dealloc__(self):
         if self.lk is not NULL:
-            if self.held:
+            if self.depth:
                 PyThread_release_lock(self.lk)
             PyThread_free_lock(self.lk)
 
-    cdef inline int take(self) except -1:
+    cdef inline bint mine(self):
+        return self.depth != 0 and self.owner == PyThread_get_thread_ident()
+
+    cdef inline bint take(self) except -1:
+        """Take the lock (waiting without the GIL): true; false, taking nothing, when the calling
+        thread holds it already (a finalizer run inside one of its locked steps)."""
         if not PyThread_acquire_lock(self.lk, 0):
+            if self.mine():
+                return False
             with nogil:
                 PyThread_acquire_lock(self.lk, 1)
-        self.held = True
-        return 0
+        self.owner, self.depth = PyThread_get_thread_ident(), 1
+        return True
 
     cdef inline void give(self):
-        self.held = False
+        self.depth, self.owner = 0, 0
         PyThread_release_lock(self.lk)
 
     def acquire(self, blocking=True, timeout=-1):
-        """Take the lock (``threading.Lock.acquire``'s arguments); whether it was taken."""
+        """Take the lock (``threading.RLock.acquire``'s arguments); whether it was taken."""
         cdef long long us
         cdef PyLockStatus r
+        if not blocking and timeout != -1:
+            raise ValueError("can't specify a timeout for a non-blocking call")
+        if blocking and timeout != -1 and timeout < 0:
+            raise ValueError("timeout value must be a non-negative number")
+        if self.mine():
+            self.depth += 1
+            return True
         if not blocking:
-            if timeout != -1:
-                raise ValueError("can't specify a timeout for a non-blocking call")
             ok = PyThread_acquire_lock(self.lk, 0)
         elif timeout == -1:
             self.take()
             return True
         else:
-            if timeout < 0:
-                raise ValueError("timeout value must be a non-negative number")
             us = <long long>(timeout * 1e6)
             with nogil:
                 r = PyThread_acquire_lock_timed(self.lk, us, 0)
             ok = r == PY_LOCK_ACQUIRED
         if ok:
-            self.held = True
+            self.owner, self.depth = PyThread_get_thread_ident(), 1
         return bool(ok)
 
     def release(self):
-        if not self.held:
-            raise RuntimeError("release unlocked lock")
-        self.give()
+        if not self.mine():
+            raise RuntimeError("cannot release un-acquired lock")
+        if self.depth > 1:
+            self.depth -= 1
+        else:
+            self.give()
 
-    def locked(self):
-        return self.held
+    def _is_owned(self):
+        """Whether the calling thread holds the lock."""
+        return self.mine()
 
     def __enter__(self):
-        self.take()
-        return True
+        return self.acquire()
 
     def __exit__(self, *exc):
-        self.give()
+        self.release()
 
     def __repr__(self):
-        return f"<mrkit lock {'locked' if self.held else 'unlocked'}>"
+        return f"<mrkit lock {'locked' if self.depth else 'unlocked'}>"
 
 
 cdef class Misses:
@@ -424,6 +443,7 @@ cdef class _Base:
     cdef object states, states_get
     cdef Lock lock
     cdef Misses missed
+    cdef list deferred
     cdef bint ordered
     cdef object take, to_stream, allocate_slow, deallocate_slow, rescue, free_block
     cdef object arena, find, boundaries, fit, prepare
@@ -439,6 +459,7 @@ cdef class _Base:
         self.states_get = arena.states.get
         self.lock = arena.lock  # the build's Lock (the arena makes it)
         self.missed = arena.missed
+        self.deferred = arena.deferred
         self.take, self.to_stream = arena.take, arena.as_stream
         self.allocate_slow, self.deallocate_slow = arena.allocate_slow, arena.deallocate_slow
         self.rescue, self.free_block = arena.rescue, arena.free_block
@@ -544,10 +565,13 @@ cdef class _Base:
         return 0
 
     cdef inline object locked_take(self, object size, object stream, object nbytes):
-        self.lock.take()
+        if not self.lock.take():  # a finalizer allocating inside this thread's locked step
+            self.arena.nested_allocation(nbytes)
         try:
             ptr = self.take_c(size, stream)
             self.live[ptr] = nbytes
+            if self.deferred:
+                self.arena.apply_deferred()
         finally:
             self.lock.give()
         return ptr
@@ -564,21 +588,29 @@ cdef class _Base:
                     (<list>lst).append(ptr)
                     if st.cache is cache:
                         return 0
-                    self.lock.take()
+                    if not self.lock.take():
+                        self.arena.rescue_nested(lst, size, stream)
+                        return 0
                     try:
                         self.rescue(lst, size, stream)
                     finally:
                         self.lock.give()
                     return 0
-        self.lock.take()
+        if not self.lock.take():  # a finalizer freeing inside this thread's locked step: deferred
+            self.deferred.append((ptr, size, stream))
+            return 0
         try:
             self.free_block_c(ptr, size, stream)
+            if self.deferred:
+                self.arena.apply_deferred()
         finally:
             self.lock.give()
         return 0
 
     cdef inline int locked_free(self, ptr, nbytes, stream, alignment) except -1:
-        self.lock.take()
+        if not self.lock.take():  # a finalizer freeing inside this thread's locked step: deferred
+            self.arena.free_nested(ptr, nbytes, stream, alignment)
+            return 0
         try:
             self.deallocate_slow(ptr, nbytes, stream, alignment)
         finally:

@@ -464,6 +464,10 @@ class ControlledLock:
     def locked(self) -> bool:
         return self._lock.locked()
 
+    def _is_owned(self) -> bool:
+        """Whether the calling thread holds the lock (as ``threading.RLock`` has it)."""
+        return self._owner == threading.get_ident()
+
     def __repr__(self) -> str:
         return f"<ControlledLock {'held' if self._owner else 'free'}>"
 

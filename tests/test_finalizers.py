@@ -1,0 +1,286 @@
+"""A finalizer that frees (or allocates) while its own thread is inside one of the resource's locked
+steps: the garbage collector can run at any allocation of a Python object, including inside the
+arena's locked miss path, the pool's growth or a driver call, and collect a buffer, a CuPy array or a
+tensor in a reference cycle whose finalizer frees memory of the same resource.
+
+Before: the finalizer waited for the lock its own thread held, and the interpreter hung for good (both
+builds). Now the free is deferred and applied at the end of the locked step; an allocation there is
+refused with a RuntimeError (reported as any finalizer's exception is); a bad free still raises at
+once. Each test runs on both builds and ends with a conservation check.
+
+``gc.collect()`` inside the upstream's ``allocate`` (or the driver's map call) stands for the automatic
+collection that an allocation of a Python object there may start."""
+from __future__ import annotations
+
+import contextlib
+import gc
+import random
+import sys
+import threading
+
+import pytest
+
+import mrkit
+from mrkit import (Buffer, DeviceMemoryResource, PoolResource, StatisticsAdaptor, VirtualMemoryResource,
+                   DEFAULT_STREAM as S)
+from mrkit._engine import core_name, python_core
+from mrkit.driver import SimDriver
+
+MiB = 1 << 20
+
+
+@pytest.fixture(params=["compiled", "python"])
+def build(request):
+    if request.param == "python":
+        with python_core():
+            yield "python"
+        return
+    if core_name() != "compiled":
+        pytest.skip("the compiled core is not built here, or MRKIT_NO_EXTENSIONS is set")
+    yield "compiled"
+
+
+class CollectingUpstream(DeviceMemoryResource):
+    """An upstream whose allocations run the garbage collector first (as an allocation there may)."""
+
+    def allocate(self, nbytes, stream, alignment=256):
+        gc.collect()
+        return super().allocate(nbytes, stream, alignment)
+
+
+class CollectingDriver:
+    """``cuMemMap`` that runs the garbage collector first (mixed into the test's driver class)."""
+
+    def mem_map(self, *args, **kwargs):
+        gc.collect()
+        return type(self).__mro__[1].mem_map(self, *args, **kwargs)
+
+
+class Cycle:
+    """Garbage in a reference cycle: only the collector frees it, and then runs ``on_del``."""
+
+    def __init__(self, on_del):
+        self.me, self.on_del = self, on_del
+
+    def __del__(self):
+        self.on_del()
+
+
+def _in_thread(fn, timeout=20.0):
+    """Run ``fn`` in a daemon thread; fail (instead of hanging the suite) if it does not finish."""
+    out, err = [], []
+
+    def body():
+        try:
+            out.append(fn())
+        except BaseException as exc:  # reported below
+            err.append(exc)
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "deadlocked: the thread waits for a lock it holds itself"
+    if err:
+        raise err[0]
+    return out[0]
+
+
+@contextlib.contextmanager
+def _unraisable():
+    """The exceptions finalizers reported (``sys.unraisablehook``) while inside."""
+    got, old = [], sys.unraisablehook
+    sys.unraisablehook = lambda args: got.append(args.exc_value)
+    try:
+        yield got
+    finally:
+        sys.unraisablehook = old
+
+
+def _pool(drv):
+    return PoolResource(CollectingUpstream(0, driver=drv)), drv
+
+
+def _conserved(pool, drv):
+    assert pool.live_bytes == 0
+    pool.release()
+    assert pool.pool_size == 0, "bytes kept after release: a block was lost"
+    gc.collect()
+
+
+@pytest.mark.parametrize("wrap", ["pool", "statistics"])
+def test_a_buffer_collected_while_the_pool_grows_is_freed_not_deadlocked(build, backend, wrap):
+    pool, drv = _pool(backend)
+    mr = pool if wrap == "pool" else StatisticsAdaptor(pool)
+    assert pool.arena.build.__name__.endswith("_hotc" if build == "compiled" else "_hot")
+    b = Buffer(mr.allocate(3000, S), 3000, mr, S)
+    first = b.ptr
+    Cycle(b.close)
+    del b
+    big = _in_thread(lambda: mr.allocate(64 * MiB, S))  # grows: the collector runs, the buffer is freed
+    assert pool.arena.deferred == []  # applied at the end of that locked step
+    assert pool.live_bytes == 64 * MiB
+    assert mr.allocate(3000, S) == first  # the deferred block is back in the free list, reused
+    mr.deallocate(first, 3000, S)
+    mr.deallocate(big, 64 * MiB, S)
+    if wrap == "statistics":
+        assert mr.statistics.current_bytes == 0
+    _conserved(pool, drv)
+
+
+def test_an_aligned_block_and_a_hot_size_freed_by_a_finalizer(build, backend):
+    pool, drv = _pool(backend)
+    aligned = pool.allocate(5000, S, 4096)
+    for _ in range(3):  # 1 MiB becomes a hot size: its frees go to the cache
+        pool.deallocate(pool.allocate(MiB, S), MiB, S)
+    hot = pool.allocate(MiB, S)
+    Cycle(lambda: (pool.deallocate(aligned, 5000, S, 4096), pool.deallocate(hot, MiB, S)))
+    big = _in_thread(lambda: pool.allocate(256 * MiB, S))
+    assert pool.arena.deferred == [] and pool.live_bytes == 256 * MiB
+    with pytest.raises(ValueError):
+        pool.deallocate(aligned, 5000, S, 4096)  # it was freed: freeing again is an error
+    pool.deallocate(big, 256 * MiB, S)
+    _conserved(pool, drv)
+
+
+def test_a_bad_free_in_a_finalizer_raises_at_once_and_changes_nothing(build, backend):
+    pool, drv = _pool(backend)
+    p = pool.allocate(3000, S)
+    pool.deallocate(p, 3000, S)
+    keep = pool.allocate(8000, S)
+    with _unraisable() as got:
+        Cycle(lambda: pool.deallocate(p, 3000, S))  # a double free
+        Cycle(lambda: pool.deallocate(keep, 100, S))  # the wrong size
+        big = _in_thread(lambda: pool.allocate(64 * MiB, S))
+    assert [type(e) for e in got] == [ValueError, ValueError], got
+    assert pool.arena.deferred == []
+    # nothing changed: keep is live, p is free once (not twice), every byte counted once
+    assert pool.live_bytes == 64 * MiB + 8000
+    assert pool.arena.free_total() + 64 * MiB + 8192 == pool.pool_size
+    a, b = pool.allocate(3000, S), pool.allocate(3000, S)
+    assert a != b
+    pool.deallocate(a, 3000, S)
+    pool.deallocate(b, 3000, S)
+    pool.deallocate(keep, 8000, S)
+    pool.deallocate(big, 64 * MiB, S)
+    _conserved(pool, drv)
+
+
+def test_an_allocation_in_a_finalizer_is_refused_not_deadlocked(build, backend):
+    pool, drv = _pool(backend)
+    got_ptr = []
+    with _unraisable() as got:
+        Cycle(lambda: got_ptr.append(pool.allocate(3000, S)))
+        big = _in_thread(lambda: pool.allocate(64 * MiB, S))
+    assert got_ptr == [] and len(got) == 1 and isinstance(got[0], RuntimeError)
+    assert "locked steps" in str(got[0]) and repr(pool) in str(got[0])
+    pool.deallocate(big, 64 * MiB, S)
+    _conserved(pool, drv)
+
+
+def test_the_vmm_maps_while_a_finalizer_frees(build, backend):
+    drv = type("Collecting" + type(backend).__name__, (type(backend),), {"mem_map": CollectingDriver.mem_map})()
+    vmm = VirtualMemoryResource(0, driver=drv)
+    b = Buffer(vmm.allocate(3 * MiB, S), 3 * MiB, vmm, S)
+    Cycle(b.close)
+    del b
+    p = _in_thread(lambda: vmm.allocate(100 * MiB, S))  # maps pages: the collector runs
+    assert vmm.arena.deferred == [] and vmm.live_bytes == 100 * MiB
+    vmm.deallocate(p, 100 * MiB, S)
+    vmm.trim()
+    assert vmm.live_bytes == 0 and vmm.mapped_bytes == 0
+
+
+def test_a_cupy_array_collected_inside_a_miss(build, monkeypatch):
+    backend = SimDriver()
+    """CuPy frees through mrkit's hooks (C function pointers in the compiled build)."""
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    import fake_cupy
+    fake = fake_cupy.make()
+    for name in ("cupy", "cupy.cuda", "cupy.cuda.memory", "cupy.cuda.device"):
+        monkeypatch.setitem(sys.modules, name, fake if name == "cupy" else
+                            getattr(fake.cuda, name.rsplit(".", 1)[1]) if name != "cupy.cuda" else fake.cuda)
+    import mrkit.cupy as mc
+    pool, drv = _pool(backend)
+    fn = mc.allocator(pool)
+    held = Cycle(lambda: None)
+    held.mp = fn(3000)  # the cycle holds the array's memory, freed when the collector clears it
+    del held
+    big = _in_thread(lambda: fn(64 * MiB))
+    assert pool.arena.deferred == [] and pool.live_bytes == 64 * MiB
+    del big
+    gc.collect()
+    _conserved(pool, drv)
+
+
+def test_threads_with_the_collector_running_inside_locked_steps(build, backend):
+    """Four threads allocate and free random sizes while buffers in reference cycles are collected at
+    random points, some inside locked steps (the collector runs on most allocations); nothing is
+    handed out twice, nothing is lost."""
+    pool, drv = _pool(backend)
+    handed, hlock, errors = set(), threading.Lock(), []
+    old = gc.get_threshold()
+    gc.set_threshold(5, 1, 1)
+
+    def work(seed):
+        rng = random.Random(seed)
+        mine = []
+        try:
+            for _ in range(300):
+                if mine and rng.random() < 0.45:
+                    p, n = mine.pop(rng.randrange(len(mine)))
+                    with hlock:
+                        handed.discard(p)
+                    if rng.random() < 0.3:  # left to a finalizer in a cycle
+                        Cycle(lambda p=p, n=n: pool.deallocate(p, n, S))
+                    else:
+                        pool.deallocate(p, n, S)
+                else:
+                    n = rng.choice((256, 3000, 65536, MiB, 3 * MiB + 5))
+                    p = pool.allocate(n, S)
+                    with hlock:
+                        assert p not in handed, f"{p:#x} handed out twice"
+                        handed.add(p)
+                    mine.append((p, n))
+            for p, n in mine:
+                with hlock:
+                    handed.discard(p)
+                pool.deallocate(p, n, S)
+        except BaseException as exc:
+            errors.append(exc)
+    try:
+        ts = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        assert not any(t.is_alive() for t in ts), "deadlocked"
+    finally:
+        gc.set_threshold(*old)
+    assert errors == []
+    gc.collect()
+    with pool.arena.lock:
+        pool.arena.apply_deferred()
+    _conserved(pool, drv)
+
+
+@pytest.mark.gpu
+def test_a_real_cupy_array_collected_inside_a_miss_on_the_gpu(build, gpu):
+    cupy = pytest.importorskip("cupy")
+    import mrkit.cupy as mc
+    pool, drv = _pool(gpu)
+    old = cupy.cuda.get_allocator()
+    cupy.cuda.set_allocator(mc.allocator(pool))
+    try:
+        held = Cycle(lambda: None)
+        held.arr = cupy.arange(1000, dtype=cupy.float32)
+        first = held.arr.data.ptr
+        del held
+        big = _in_thread(lambda: cupy.empty(64 * MiB, dtype=cupy.uint8))  # grows; the collector frees arr
+        assert pool.arena.deferred == []
+        again = cupy.zeros(1000, dtype=cupy.float32)
+        assert again.data.ptr == first and float(again.sum()) == 0.0
+        del big, again
+        cupy.cuda.Device().synchronize()
+    finally:
+        cupy.cuda.set_allocator(old)
+    gc.collect()
+    _conserved(pool, drv)
