@@ -217,6 +217,17 @@ class ChunkSource:
         """Take ``size`` bytes from ``st``'s free memory, or None (:meth:`StreamState.best_fit`)."""
         return st.best_fit(size, arena.boundaries)
 
+    def plain_pages(self):
+        """``None`` (default), or ``(coverage, base, page)``: a promise that, whenever something is
+        live and the stream has no cached blocks, :meth:`fit` is the plain best fit that keeps the free
+        block ending at ``self.top`` (an int attribute: the end of the carved range) for when nothing
+        else fits, and :meth:`prepare` changes nothing for a block whose pages ``coverage`` covers
+        (page ``i`` is ``[base + i * page, base + (i + 1) * page)``; ``coverage.starts`` is the sorted
+        list of the first pages of its ranges, ``coverage.end`` maps each to its end). The compiled
+        arena then runs both steps in C and calls :meth:`prepare` only for a block with missing pages
+        (the VMM without a footprint limit or automatic release)."""
+        return None
+
     def prepare(self, arena: "Arena", ptr: int, size: int, stream: Stream) -> int:
         """Called for every block the locked path hands out; returns the block to hand out (normally
         ``ptr``). On failure it must put the block back in ``stream``'s free list and raise."""

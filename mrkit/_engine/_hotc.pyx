@@ -12,10 +12,13 @@ device)``, ``void free(void *self, void *ptr, int device)``), the signature of C
 ``CFunctionAllocator``: no Python object per block, no frame per call.
 
 The locked miss path is compiled too: :class:`FreeList` (the twin of :mod:`mrkit._engine._freelist`:
-the same methods and answers, over C++ trees), :class:`StateFields` (a stream's state as C fields) and, in :class:`_Base`, the arena's ``take`` for sources with the default
-placement, its ``missed_again`` and its ``free_block`` (twins of :class:`~mrkit._engine._arena.Arena`'s,
-step for step). Anything else (a source's own ``fit`` or ``prepare``, a stream with no state yet, growth,
-stealing, the out-of-memory reclaim) is the arena's Python code.
+the same methods and answers, over C++ trees), :class:`StateFields` (a stream's state as C fields),
+:class:`Lock` (CPython's lock, taken from C, knowing its owner), :class:`Misses` and, in :class:`_Base`,
+the arena's ``take`` for sources with the default placement or the plain placement over pages
+(``ChunkSource.plain_pages``: the VMM without a footprint limit), its ``missed_again`` and its
+``free_block`` (twins of :class:`~mrkit._engine._arena.Arena`'s, step for step). Anything else (a
+source's own ``fit`` or ``prepare``, a stream with no state yet, growth, stealing, the out-of-memory
+reclaim) is the arena's Python code.
 """
 from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.ref cimport PyObject
@@ -259,16 +262,19 @@ cdef class FreeList:
         cdef cmap[u64, u64].iterator it = self.by_addr.find(p)
         return None if it == self.by_addr.end() else deref(it).second
 
-    def ending_at(self, end):
-        """The start of the free block that ends at ``end``, or None."""
-        cdef u64 e
-        if not _as_u64(end, &e):
-            return None
+    cdef object ending_at_c(self, u64 e):
         cdef cmap[u64, u64].iterator it = self.by_addr.lower_bound(e)
         if it == self.by_addr.begin():
             return None
         dec(it)
         return deref(it).first if deref(it).first + deref(it).second == e else None
+
+    def ending_at(self, end):
+        """The start of the free block that ends at ``end``, or None."""
+        cdef u64 e
+        if not _as_u64(end, &e):
+            return None
+        return self.ending_at_c(e)
 
     def absorb(self, FreeList other, boundaries):
         """Merge ``other`` into whichever of the two is larger and return that one."""
@@ -296,9 +302,7 @@ cdef class StateFields:
     def __init__(self, stream, FreeList free not None):
         self.stream, self.cache, self.hot, self.free, self.rehot = stream, {}, [], free, set()
 
-    def cached(self):
-        """Whether any block is in the cache (lock held): ``StreamState.cached``, the values walked in
-        C (the VMM's placement asks on every miss)."""
+    cdef bint cached_c(self) except -1:
         cdef Py_ssize_t pos = 0
         cdef PyObject *key
         cdef PyObject *value
@@ -309,6 +313,11 @@ cdef class StateFields:
             if <object>value:
                 return True
         return False
+
+    def cached(self):
+        """Whether any block is in the cache (lock held): ``StreamState.cached``, the values walked in
+        C (the VMM's placement asks on every miss)."""
+        return self.cached_c()
 
 
 cdef extern from "pythread.h":
@@ -446,13 +455,24 @@ cdef class _Base:
     cdef list deferred
     cdef bint ordered
     cdef object take, to_stream, allocate_slow, deallocate_slow, rescue, free_block
-    cdef object arena, find, boundaries, fit, prepare
+    cdef object arena, find, boundaries, fit, prepare, source
     cdef bint default_fit
+    cdef dict aligned
+    cdef bint pages_fit  # the source's placement is the plain one over pages (ChunkSource.plain_pages)
+    cdef list cov_starts
+    cdef dict cov_end
+    cdef u64 base, page
 
     def __init__(self, arena):
         self.arena, self.find, self.boundaries = arena, arena.find, arena.boundaries
         self.default_fit = arena.default_fit  # the placement compiled here, else the source's own
         self.fit, self.prepare = arena.source.fit, arena._prepare
+        self.source, self.aligned = arena.source, arena.aligned
+        pages = arena.source.plain_pages()
+        self.pages_fit = pages is not None and self.prepare is not None
+        if self.pages_fit:
+            cov, self.base, self.page = pages
+            self.cov_starts, self.cov_end = cov.starts, cov.end
         self.live = arena.live
         self.states = arena.states
         self.ordered = type(arena.states) is dict  # else one state for every stream (its own get)
@@ -505,6 +525,14 @@ cdef class _Base:
                     ptr = st.free.take_c(n, None)
             if ptr is None:
                 ptr = self.find(size, stream, True)
+        elif self.pages_fit and (self.live or self.aligned) and not st.cached_c() and _as_u64(size, &n):
+            # the source's plain placement (ChunkSource.plain_pages), step for step: best fit keeping
+            # the block that ends at the top for last; pages mapped only where missing
+            ptr = st.free.take_c(n, st.free.ending_at_c(self.source.top))
+            if ptr is None:
+                ptr = self.find(size, stream, True)
+            if not self.covered(ptr, n):
+                ptr = self.prepare(self.arena, ptr, size, stream)
         else:
             ptr = self.fit(self.arena, st, size)
             if ptr is None:
@@ -513,6 +541,27 @@ cdef class _Base:
                 ptr = self.prepare(self.arena, ptr, size, stream)
         self.missed_again(size, stream)
         return ptr
+
+    cdef bint covered(self, object ptr, u64 n) except -1:
+        """Whether every page of ``[ptr, ptr + n)`` is in the source's coverage (``_Coverage.covers``:
+        one bisection, its ranges being coalesced)."""
+        cdef u64 p = ptr
+        cdef u64 lo = (p - self.base) // self.page, hi = (p + n - 1 - self.base) // self.page + 1
+        cdef list starts = self.cov_starts
+        cdef Py_ssize_t a = 0, b = len(starts), mid
+        cdef u64 m
+        while a < b:  # bisect_right
+            mid = (a + b) >> 1
+            m = starts[mid]
+            if lo < m:
+                b = mid
+            else:
+                a = mid + 1
+        if a == 0:
+            return False
+        first = starts[a - 1]
+        cdef u64 end = self.cov_end[first]
+        return end >= hi
 
     cdef object take_cached(self, StateFields st, u64 n):
         """``StreamState.take_cached`` for ``n`` bytes (lock held)."""

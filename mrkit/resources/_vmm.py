@@ -182,7 +182,7 @@ class _VirtualChunks(ChunkSource):
         self.options, self.page, self.reserve_size = opts, page, reserve
         self._location = location
         self.base = drv.mem_address_reserve(reserve, page)
-        self._top = self.base
+        self.top = self.base  # the end of the carved range (ChunkSource.plain_pages)
         self._maps: dict[int, tuple[int, int]] = {}  # first page of a run -> (pages, handle)
         self._map_firsts: list[int] = []  # the keys of _maps, sorted (free memory finds its runs by bisection)
         self._cov = _Coverage()  # which pages are mapped, coalesced
@@ -209,6 +209,15 @@ class _VirtualChunks(ChunkSource):
     def __repr__(self) -> str:
         return repr(self.arena.owner)
 
+    def plain_pages(self):
+        """``(coverage, base, page)`` when this source's placement is the plain one — best fit keeping
+        the block that ends at ``top`` for last, then pages mapped where missing — so that a compiled
+        arena may run it in C (:meth:`ChunkSource.plain_pages`); None with a footprint limit or an
+        automatic release, whose placement and bookkeeping are this module's."""
+        if self._by_mapping or self._auto_release:
+            return None
+        return self._cov, self.base, self.page
+
     # -- growth: carve more of the reservation (virtual only) ------------------------------
     def grow(self, arena, size: int, stream: Stream, exact: bool):
         # When the requesting stream's free memory ends at the top of the carved range, carve only
@@ -216,16 +225,16 @@ class _VirtualChunks(ChunkSource):
         # allocation (where later requests would map fresh pages instead of reusing mapped ones).
         st = arena.states.get(stream.uid)
         if st is not None and not exact:
-            tail = st.free.ending_at(self._top)
+            tail = st.free.ending_at(self.top)
             if tail is not None:
                 size -= st.free.size_at(tail)
         want = -(-size // self.page) * self.page
-        if self._top + want > self.base + self.reserve_size:
+        if self.top + want > self.base + self.reserve_size:
             raise OutOfMemoryError(
                 f"{self!r} cannot allocate {size} bytes ({format_size(size)}): its "
                 f"{format_size(self.reserve_size)} virtual reservation is exhausted", size, arena.owner)
-        ptr = self._top
-        self._top += want
+        ptr = self.top
+        self.top += want
         return ptr, want, ptr == self.base
 
     # -- placement and mapping ------------------------------------------------------------------
@@ -246,7 +255,7 @@ class _VirtualChunks(ChunkSource):
                         other.flush(arena.boundaries, keep=True)
         elif st.cached():
             st.flush(arena.boundaries)
-        top = st.free.ending_at(self._top)
+        top = st.free.ending_at(self.top)
         if self._by_mapping:
             ptr = self._fit_mapped(st.free, size, top)
             if ptr is not None:
@@ -260,7 +269,7 @@ class _VirtualChunks(ChunkSource):
         if not got:
             return False
         bsize, ptr = got[0]
-        if ptr + bsize == self._top and len(got) > 1:  # take() keeps the wilderness when it can
+        if ptr + bsize == self.top and len(got) > 1:  # take() keeps the wilderness when it can
             ptr = got[1][1]
         return self._covered(ptr, size)
 
@@ -412,7 +421,7 @@ class _VirtualChunks(ChunkSource):
         drv, dev = self.driver, self.device_id
         done: list[tuple[int, int, int, bool]] = []  # (first page, pages, handle, moved)
         try:
-            starts, top = self._cov.starts, (self._top - base) // page  # never map past the carved range
+            starts, top = self._cov.starts, (self.top - base) // page  # never map past the carved range
             for a, b in gaps:
                 first = a
                 while a < b:
