@@ -354,13 +354,19 @@ class Arena:
         stream's own free memory first (the source's :meth:`~ChunkSource.fit`), :meth:`find` only
         when that fails."""
         st = self.states.get(stream.uid)
-        ptr = None if st is None else self.source.fit(self, st, size)
+        if st is None:
+            ptr = None
+        elif self.default_fit:  # ChunkSource.fit, without its frame
+            ptr = st.best_fit(size, self.boundaries)
+        else:
+            ptr = self.source.fit(self, st, size)
         if ptr is None:
             ptr = self.find(size, stream, tried=st is not None)
         prepare = self._prepare
         if prepare is not None:
             ptr = prepare(self, ptr, size, stream)
-        self.missed_again(size, stream)
+        if self.missed.note(size):  # missed_again, without its frame
+            self.state(stream).register(size, self.boundaries)
         if self.deferred:
             self.apply_deferred()
         return ptr
@@ -384,6 +390,23 @@ class Arena:
                 return
             ptr, size = got
         self.defer(ptr, size, stream)
+
+    def free_slow(self, ptr, nbytes, stream: Stream, alignment) -> None:
+        """A free the lock-free path did not accept (zero, aligned blocks, errors): under the lock, or
+        deferred when this thread holds it already (:meth:`defer`)."""
+        if self.owned():
+            self.free_nested(ptr, nbytes, stream, alignment)
+            return
+        with self.lock:
+            self.deallocate_slow(ptr, nbytes, stream, alignment)
+
+    def rescue_locked(self, lst: list, size: int, stream: Stream) -> None:
+        """:meth:`rescue` under the lock, or deferred when this thread holds it already."""
+        if self.owned():
+            self.rescue_nested(lst, size, stream)
+            return
+        with self.lock:
+            self.rescue(lst, size, stream)
 
     def rescue_nested(self, lst: list, size: int, stream: Stream) -> None:
         """:meth:`rescue` while this thread holds the lock: the blocks are deferred."""

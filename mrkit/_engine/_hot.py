@@ -17,8 +17,11 @@ raises ``AttributeError`` and the path falls back to the lock. A free appends, t
 cache is still attached (rule 3); if not, it rescues the block under the lock. Everything else is
 ``Arena`` code under ``arena.lock``.
 
-Every name a path reads is a variable of the factory that made it (builtins included), so a call makes
-no global or attribute look-up, and the paths keep working while the interpreter tears modules down.
+Every name the lock-free steps read is a variable of the factory that made it (builtins included), so a
+cache hit makes no global or attribute look-up, and the paths keep working while the interpreter tears
+modules down. The locked steps read the arena's attributes (``arena.take``, ``arena.free_block``, …):
+each name a closure holds costs every call (CPython copies them into the frame), a look-up only the
+calls that need it.
 The compiled build (``_hotc.pyx``) implements the same three variants, line for line; the kit's
 controlled interleavings and the mutation suite run on these (see :func:`mrkit._engine.python_core`).
 """
@@ -62,20 +65,16 @@ def checked_free_args(nbytes, alignment):
 
 def plain_paths(arena):
     """``(allocate, deallocate)`` over ``arena``: the resource protocol's two methods."""
-    live, lock, states_get, take = arena.live, arena.lock, arena.states.get, arena.take
-    live_pop, to_stream, allocate_slow = live.pop, arena.as_stream, arena.allocate_slow
-    deallocate_slow, rescue, free_block = arena.deallocate_slow, arena.rescue, arena.free_block
-    owned, defer, free_nested, rescue_nested = arena.owned, arena.defer, arena.free_nested, arena.rescue_nested
-    nested = arena.nested_allocation
+    live, lock, states_get, live_pop = arena.live, arena.lock, arena.states.get, arena.live.pop
     _Stream, _int, _type, _default, _checked = Stream, int, type, DEFAULT_ALIGNMENT, checked_free_args
     _AttributeError, _IndexError = AttributeError, IndexError
 
     def allocate(nbytes, stream, alignment=256):
         """Allocate ``nbytes`` for work on ``stream``: an exact-size cache hit takes no lock."""
         if _type(stream) is not _Stream:
-            stream = to_stream(stream)
+            stream = arena.as_stream(stream)
         if _type(nbytes) is not _int or nbytes <= 0 or alignment is not _default:
-            return allocate_slow(nbytes, stream, alignment)
+            return arena.allocate_slow(nbytes, stream, alignment)
         size = (nbytes + 255) & -256
         st = states_get(stream.uid)
         if st is not None:
@@ -91,10 +90,10 @@ def plain_paths(arena):
                 else:
                     live[ptr] = nbytes
                     return ptr
-        if owned():  # a finalizer allocating inside this thread's locked step
-            nested(nbytes)
+        if lock._is_owned():  # a finalizer allocating inside this thread's locked step
+            arena.nested_allocation(nbytes)
         with lock:
-            ptr = take(size, stream)
+            ptr = arena.take(size, stream)
             live[ptr] = nbytes
         return ptr
 
@@ -102,25 +101,17 @@ def plain_paths(arena):
         """Return ``ptr`` (``nbytes`` as allocated) on ``stream``: into that stream's exact-size cache,
         without a lock unless the cache was detached meanwhile."""
         if _type(stream) is not _Stream:
-            stream = to_stream(stream)
+            stream = arena.as_stream(stream)
         if _type(nbytes) is not _int or alignment is not _default:
             nbytes, alignment = _checked(nbytes, alignment)
             if alignment > 256:  # an aligned block, or an alignment that does not match: the lock decides
-                if owned():  # a finalizer freeing inside this thread's locked step: deferred
-                    free_nested(ptr, nbytes, stream, alignment)
-                else:
-                    with lock:
-                        deallocate_slow(ptr, nbytes, stream, alignment)
+                arena.free_slow(ptr, nbytes, stream, alignment)
                 return
         n = live_pop(ptr, None)
         if n != nbytes:  # zero, aligned blocks, and every error: the locked path decides
             if n is not None:
                 live[ptr] = n
-            if owned():  # a finalizer freeing inside this thread's locked step: deferred
-                free_nested(ptr, nbytes, stream, alignment)
-            else:
-                with lock:
-                    deallocate_slow(ptr, nbytes, stream, alignment)
+            arena.free_slow(ptr, nbytes, stream, alignment)
             return
         size = (nbytes + 255) & -256
         st = states_get(stream.uid)
@@ -135,16 +126,12 @@ def plain_paths(arena):
                     lst.append(ptr)
                     if st.cache is cache:  # rule 3: still attached, so the block is where it belongs
                         return
-                    if owned():
-                        rescue_nested(lst, size, stream)
-                    else:
-                        with lock:
-                            rescue(lst, size, stream)
+                    arena.rescue_locked(lst, size, stream)
                     return
-        if owned():  # a finalizer freeing inside this thread's locked step: deferred (Arena.defer)
-            return defer(ptr, size, stream)
+        if lock._is_owned():  # a finalizer freeing inside this thread's locked step: deferred
+            return arena.defer(ptr, size, stream)
         with lock:  # any other size coalesces into the free list now
-            free_block(ptr, size, stream)
+            arena.free_block(ptr, size, stream)
 
     return allocate, deallocate
 
@@ -153,11 +140,7 @@ def counting_paths(arena, events: list, on_full, limit: int, counted: dict):
     """:func:`plain_paths` that append ``+nbytes`` to ``events`` for each allocation and ``-nbytes``
     for each free of a block they counted (``counted``: ptr -> nbytes), calling ``on_full()`` when a
     free finds more than ``limit`` events pending."""
-    live, lock, states_get, take = arena.live, arena.lock, arena.states.get, arena.take
-    live_pop, to_stream, allocate_slow = live.pop, arena.as_stream, arena.allocate_slow
-    deallocate_slow, rescue, free_block = arena.deallocate_slow, arena.rescue, arena.free_block
-    owned, defer, free_nested, rescue_nested = arena.owned, arena.defer, arena.free_nested, arena.rescue_nested
-    nested = arena.nested_allocation
+    live, lock, states_get, live_pop = arena.live, arena.lock, arena.states.get, arena.live.pop
     record, counted_pop = events.append, counted.pop
     _Stream, _int, _type, _len, _default, _checked = Stream, int, type, len, DEFAULT_ALIGNMENT, checked_free_args
     _AttributeError, _IndexError, _BaseException = AttributeError, IndexError, BaseException
@@ -167,11 +150,7 @@ def counting_paths(arena, events: list, on_full, limit: int, counted: dict):
         adaptor counted the block; an error leaves the block counted, as it leaves it live."""
         c = counted_pop(ptr, None)  # forgotten first: once freed, another thread may get ptr again
         try:
-            if owned():  # a finalizer freeing inside this thread's locked step: deferred
-                free_nested(ptr, nbytes, stream, alignment)
-            else:
-                with lock:
-                    deallocate_slow(ptr, nbytes, stream, alignment)
+            arena.free_slow(ptr, nbytes, stream, alignment)
         except _BaseException:
             if c is not None:
                 counted[ptr] = c
@@ -184,9 +163,9 @@ def counting_paths(arena, events: list, on_full, limit: int, counted: dict):
     def allocate(nbytes, stream, alignment=256):
         """Allocate as the arena does, and count it."""
         if _type(stream) is not _Stream:
-            stream = to_stream(stream)
+            stream = arena.as_stream(stream)
         if _type(nbytes) is not _int or nbytes <= 0 or alignment is not _default:
-            ptr = allocate_slow(nbytes, stream, alignment)
+            ptr = arena.allocate_slow(nbytes, stream, alignment)
             if ptr:
                 counted[ptr] = n = nbytes.__index__()
                 record(n)
@@ -208,10 +187,10 @@ def counting_paths(arena, events: list, on_full, limit: int, counted: dict):
                     counted[ptr] = nbytes
                     record(nbytes)
                     return ptr
-        if owned():  # a finalizer allocating inside this thread's locked step
-            nested(nbytes)
+        if lock._is_owned():  # a finalizer allocating inside this thread's locked step
+            arena.nested_allocation(nbytes)
         with lock:
-            ptr = take(size, stream)
+            ptr = arena.take(size, stream)
             live[ptr] = nbytes
         counted[ptr] = nbytes
         record(nbytes)
@@ -220,7 +199,7 @@ def counting_paths(arena, events: list, on_full, limit: int, counted: dict):
     def deallocate(ptr, nbytes, stream, alignment=256):
         """Free as the arena does, and count it (pending events stay within ``limit`` + live blocks)."""
         if _type(stream) is not _Stream:
-            stream = to_stream(stream)
+            stream = arena.as_stream(stream)
         if _type(nbytes) is not _int or alignment is not _default:
             nbytes, alignment = _checked(nbytes, alignment)
             if alignment > 256:
@@ -247,16 +226,12 @@ def counting_paths(arena, events: list, on_full, limit: int, counted: dict):
                     lst.append(ptr)
                     if st.cache is cache:
                         return
-                    if owned():
-                        rescue_nested(lst, size, stream)
-                    else:
-                        with lock:
-                            rescue(lst, size, stream)
+                    arena.rescue_locked(lst, size, stream)
                     return
-        if owned():  # a finalizer freeing inside this thread's locked step: deferred (Arena.defer)
-            return defer(ptr, size, stream)
+        if lock._is_owned():  # a finalizer freeing inside this thread's locked step: deferred
+            return arena.defer(ptr, size, stream)
         with lock:
-            free_block(ptr, size, stream)
+            arena.free_block(ptr, size, stream)
 
     return allocate, deallocate
 
@@ -272,11 +247,7 @@ def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
     list holding ``(weakref to the last stream object, its mrkit Stream)`` and ``remember(obj)``
     converts a stream object and updates ``seen``; ``foreign_free(ptr)`` handles a pointer these hooks
     never handed out. Each live block's stream is remembered until it is freed."""
-    live, lock, states_get, take = arena.live, arena.lock, arena.states.get, arena.take
-    live_pop, allocate_slow = live.pop, arena.allocate_slow
-    deallocate_slow, rescue, free_block = arena.deallocate_slow, arena.rescue, arena.free_block
-    owned, defer, free_nested, rescue_nested = arena.owned, arena.defer, arena.free_nested, arena.rescue_nested
-    nested = arena.nested_allocation
+    live, lock, states_get, live_pop = arena.live, arena.lock, arena.states.get, arena.live.pop
     where: dict[int, Stream] = {}
     where_pop = where.pop
     _int, _type = int, type
@@ -290,7 +261,7 @@ def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
         if ref() is not cs:
             stream = remember(cs)
         if _type(nbytes) is not _int or nbytes <= 0:
-            ptr = allocate_slow(nbytes, stream, 256)
+            ptr = arena.allocate_slow(nbytes, stream, 256)
             if ptr:
                 where[ptr] = stream
             return ptr
@@ -310,10 +281,10 @@ def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
                     live[ptr] = nbytes
                     where[ptr] = stream
                     return ptr
-        if owned():  # a finalizer allocating inside this thread's locked step
-            nested(nbytes)
+        if lock._is_owned():  # a finalizer allocating inside this thread's locked step
+            arena.nested_allocation(nbytes)
         with lock:
-            ptr = take(size, stream)
+            ptr = arena.take(size, stream)
             live[ptr] = nbytes
         where[ptr] = stream
         return ptr
@@ -325,11 +296,7 @@ def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
             return foreign_free(ptr)
         nbytes = live_pop(ptr, None)
         if nbytes is None:  # cannot happen while ``where`` and ``live`` agree; the lock decides
-            if owned():  # a finalizer freeing inside this thread's locked step: deferred
-                free_nested(ptr, -1, stream, 256)
-            else:
-                with lock:
-                    deallocate_slow(ptr, -1, stream, 256)
+            arena.free_slow(ptr, -1, stream, 256)
             return
         size = (nbytes + 255) & -256
         st = states_get(stream.uid)
@@ -344,15 +311,11 @@ def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
                     lst.append(ptr)
                     if st.cache is cache:
                         return
-                    if owned():
-                        rescue_nested(lst, size, stream)
-                    else:
-                        with lock:
-                            rescue(lst, size, stream)
+                    arena.rescue_locked(lst, size, stream)
                     return
-        if owned():  # a finalizer freeing inside this thread's locked step: deferred (Arena.defer)
-            return defer(ptr, size, stream)
+        if lock._is_owned():  # a finalizer freeing inside this thread's locked step: deferred
+            return arena.defer(ptr, size, stream)
         with lock:
-            free_block(ptr, size, stream)
+            arena.free_block(ptr, size, stream)
 
     return malloc, free, where.__contains__, None
