@@ -12,16 +12,6 @@ import random
 import threading
 
 import mrkit
-from mrkit.driver import CudaDriver, SimDriver
-
-
-def pick_driver():
-    try:
-        if CudaDriver().device_count() > 0:
-            return CudaDriver()
-    except mrkit.CUDAUnavailableError:
-        pass
-    return SimDriver(policy="eager")
 
 
 class Node:
@@ -31,7 +21,7 @@ class Node:
         self.buf, self.me = buf, self
 
 
-drv = pick_driver()
+drv = mrkit.get_driver()  # the GPU if there is one, else the simulated device (with one warning)
 pool = mrkit.PoolResource(mrkit.DeviceMemoryResource(driver=drv))
 
 

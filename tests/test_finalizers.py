@@ -66,22 +66,29 @@ class Cycle:
         self.on_del()
 
 
-def _in_thread(fn, timeout=20.0):
-    """Run ``fn`` in a daemon thread; fail (instead of hanging the suite) if it does not finish."""
-    out, err = [], []
+def _in_threads(fns, timeout=20.0):
+    """Run each of ``fns`` in a daemon thread; fail (instead of hanging the suite) if one does not
+    finish; re-raise the first error; the results."""
+    out, err = {}, []
 
-    def body():
+    def body(k, fn):
         try:
-            out.append(fn())
+            out[k] = fn()
         except BaseException as exc:  # reported below
             err.append(exc)
-    t = threading.Thread(target=body, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), "deadlocked: the thread waits for a lock it holds itself"
+    ts = [threading.Thread(target=body, args=(k, fn), daemon=True) for k, fn in enumerate(fns)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in ts), "deadlocked: a thread waits for a lock it holds itself"
     if err:
         raise err[0]
-    return out[0]
+    return [out[k] for k in range(len(fns))]
+
+
+def _in_thread(fn, timeout=20.0):
+    return _in_threads([fn], timeout)[0]
 
 
 @contextlib.contextmanager
@@ -216,46 +223,37 @@ def test_threads_with_the_collector_running_inside_locked_steps(build, backend):
     random points, some inside locked steps (the collector runs on most allocations); nothing is
     handed out twice, nothing is lost."""
     pool, drv = _pool(backend)
-    handed, hlock, errors = set(), threading.Lock(), []
+    handed, hlock = set(), threading.Lock()
     old = gc.get_threshold()
     gc.set_threshold(5, 1, 1)
 
     def work(seed):
         rng = random.Random(seed)
         mine = []
-        try:
-            for _ in range(300):
-                if mine and rng.random() < 0.45:
-                    p, n = mine.pop(rng.randrange(len(mine)))
-                    with hlock:
-                        handed.discard(p)
-                    if rng.random() < 0.3:  # left to a finalizer in a cycle
-                        Cycle(lambda p=p, n=n: pool.deallocate(p, n, S))
-                    else:
-                        pool.deallocate(p, n, S)
-                else:
-                    n = rng.choice((256, 3000, 65536, MiB, 3 * MiB + 5))
-                    p = pool.allocate(n, S)
-                    with hlock:
-                        assert p not in handed, f"{p:#x} handed out twice"
-                        handed.add(p)
-                    mine.append((p, n))
-            for p, n in mine:
+        for _ in range(300):
+            if mine and rng.random() < 0.45:
+                p, n = mine.pop(rng.randrange(len(mine)))
                 with hlock:
                     handed.discard(p)
-                pool.deallocate(p, n, S)
-        except BaseException as exc:
-            errors.append(exc)
+                if rng.random() < 0.3:  # left to a finalizer in a cycle
+                    Cycle(lambda p=p, n=n: pool.deallocate(p, n, S))
+                else:
+                    pool.deallocate(p, n, S)
+            else:
+                n = rng.choice((256, 3000, 65536, MiB, 3 * MiB + 5))
+                p = pool.allocate(n, S)
+                with hlock:
+                    assert p not in handed, f"{p:#x} handed out twice"
+                    handed.add(p)
+                mine.append((p, n))
+        for p, n in mine:
+            with hlock:
+                handed.discard(p)
+            pool.deallocate(p, n, S)
     try:
-        ts = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(4)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(60)
-        assert not any(t.is_alive() for t in ts), "deadlocked"
+        _in_threads([lambda k=k: work(k) for k in range(4)], timeout=60)
     finally:
         gc.set_threshold(*old)
-    assert errors == []
     gc.collect()
     with pool.arena.lock:
         pool.arena.apply_deferred()

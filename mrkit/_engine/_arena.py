@@ -589,6 +589,7 @@ class Arena:
             for st in list(self.states.values()):
                 st.flush(self.boundaries)
                 released += self.release_free_chunks(st)
+            self.apply_deferred()  # frees a finalizer made meanwhile (their chunks go at the next release)
             return released
 
     # -- slow paths of the hot path -----------------------------------------------------------------
