@@ -4,9 +4,11 @@ arena's locked miss path, the pool's growth or a driver call, and collect a buff
 tensor in a reference cycle whose finalizer frees memory of the same resource.
 
 Before: the finalizer waited for the lock its own thread held, and the interpreter hung for good (both
-builds). Now the free is deferred and applied at the end of the locked step; an allocation there is
-refused with a RuntimeError (reported as any finalizer's exception is); a bad free still raises at
-once. Each test runs on both builds and ends with a conservation check.
+builds); with two pools, two threads' finalizers waited for each other's. Now a free never waits for
+the lock (design rule 8): it is deferred and applied by the locked steps; an allocation from a
+finalizer inside its own pool's step is refused with a RuntimeError (reported as any finalizer's
+exception is); a bad free still raises at once. Each test runs on both builds and ends with a
+conservation check.
 
 ``gc.collect()`` inside the upstream's ``allocate`` (or the driver's map call) stands for the automatic
 collection that an allocation of a Python object there may start."""
@@ -281,4 +283,65 @@ def test_a_real_cupy_array_collected_inside_a_miss_on_the_gpu(build, gpu):
     finally:
         cupy.cuda.set_allocator(old)
     gc.collect()
+    _conserved(pool, drv)
+
+
+class _MeetingUpstream(DeviceMemoryResource):
+    """An upstream whose allocation (under its pool's lock: the pool is growing) waits until the
+    other thread is inside its own pool's growth too, then runs ``on_grow`` (a finalizer the collector
+    runs there, freeing a buffer of the other pool)."""
+
+    def __init__(self, *args, here, there, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.here, self.there, self.on_grow = here, there, None
+
+    def allocate(self, nbytes, stream, alignment=256):
+        if self.on_grow is not None:
+            run, self.on_grow = self.on_grow, None
+            self.here.set()
+            assert self.there.wait(10), "the other thread never grew its pool"
+            run()
+        return super().allocate(nbytes, stream, alignment)
+
+
+def test_two_threads_whose_finalizers_free_into_each_others_locked_pool(build, backend):
+    """Thread A grows pool X (X's lock held) while thread B grows pool Y (Y's lock held); in each, a
+    finalizer frees a buffer of the other pool. Before: each waited for the lock the other held, for
+    good. A free never waits for a lock (rule 8): each is deferred and applied by the holder."""
+    a_in, b_in = threading.Event(), threading.Event()
+    ux = _MeetingUpstream(0, driver=backend, here=a_in, there=b_in)
+    uy = _MeetingUpstream(0, driver=backend, here=b_in, there=a_in)
+    x, y = PoolResource(ux), PoolResource(uy)
+    bx, by = Buffer(x.allocate(3000, S), 3000, x, S), Buffer(y.allocate(5000, S), 5000, y, S)
+    ux.on_grow, uy.on_grow = by.close, bx.close  # X's growth frees Y's buffer, and the other way
+    big_x, big_y = _in_threads([lambda: x.allocate(64 * MiB, S), lambda: y.allocate(64 * MiB, S)])
+    assert x.live_bytes == y.live_bytes == 64 * MiB
+    x.deallocate(big_x, 64 * MiB, S)
+    y.deallocate(big_y, 64 * MiB, S)
+    _conserved(x, backend)
+    _conserved(y, backend)
+
+
+def test_a_free_that_finds_the_lock_taken_returns_at_once_and_its_block_is_reused(build, backend):
+    """Another thread holds the pool's lock: a free of a size that is not cached neither waits nor
+    touches the free lists; the next miss on the stream applies it first and reuses the block."""
+    pool, drv = _pool(backend)
+    p = pool.allocate(3000, S)
+    keep = pool.allocate(5000, S)  # p's neighbour stays live: p is a block of its own
+    held, go = threading.Event(), threading.Event()
+
+    def holder():
+        with pool.arena.lock:
+            held.set()
+            assert go.wait(10)
+    t = threading.Thread(target=holder, daemon=True)
+    t.start()
+    assert held.wait(10)
+    _in_thread(lambda: pool.deallocate(p, 3000, S), timeout=5)  # does not wait for the holder
+    assert pool.arena.deferred == [(p, 3072, S)] and pool.arena.live_total() == 5000  # read without the lock
+    go.set()
+    t.join(10)
+    assert pool.allocate(3000, S) == p and pool.arena.deferred == []
+    pool.deallocate(p, 3000, S)
+    pool.deallocate(keep, 5000, S)
     _conserved(pool, drv)

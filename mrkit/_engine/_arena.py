@@ -353,6 +353,8 @@ class Arena:
         """Find ``size`` bytes for ``stream`` and make them usable (lock held): a cache miss. The
         stream's own free memory first (the source's :meth:`~ChunkSource.fit`), :meth:`find` only
         when that fails."""
+        if self.deferred:  # frees made while the lock was taken: in their lists before the fit
+            self.apply_deferred()
         st = self.states.get(stream.uid)
         if st is None:
             ptr = None
@@ -372,18 +374,20 @@ class Arena:
         return ptr
 
     def defer(self, block: int, size: int, stream: Stream) -> None:
-        """Queue a freed block (no longer live) for its free list: this thread holds the lock, so it
-        is inside a locked step that a finalizer interrupted (the garbage collector collected an
-        object that frees memory of this arena, e.g. a CuPy array in a reference cycle). Waiting for
-        the lock would deadlock, and changing the free lists in the middle of that step could corrupt
-        them; the step's end applies the queue (:meth:`apply_deferred`). Rule 2: a block is live, in a
-        cache list, in a free list, or here."""
+        """Queue a freed block (no longer live) for its free list, because the lock is taken (rule 8).
+        By this thread: it is inside a locked step that a finalizer interrupted (the garbage collector
+        collected an object that frees memory of this arena, e.g. a CuPy array in a reference cycle);
+        waiting would deadlock, and changing the free lists in the middle of that step could corrupt
+        them. By another thread: waiting could deadlock too (that thread's own finalizer may wait for
+        a lock this one holds), and the holder applies the queue at the start and end of its locked
+        steps (:meth:`apply_deferred`). One atomic ``append``. Rule 2: a block is live, in a cache
+        list, in a free list, or here."""
         self.deferred.append((block, size, stream))
 
     def free_nested(self, ptr, nbytes, stream: Stream, alignment, size: int | None = None) -> None:
-        """A free while this thread holds the lock (see :meth:`defer`). ``size``: the fast path already
-        took the block out of the live table; else it is checked and taken out here (a bad free raises
-        at once, changing nothing), then deferred."""
+        """A free that found the lock taken (see :meth:`defer`). ``size``: the fast path already took
+        the block out of the live table; else it is checked and taken out here (a bad free raises at
+        once, changing nothing), then deferred."""
         if size is None:
             got = self.unlive(ptr, nbytes, alignment)
             if got is None:
@@ -392,21 +396,25 @@ class Arena:
         self.defer(ptr, size, stream)
 
     def free_slow(self, ptr, nbytes, stream: Stream, alignment) -> None:
-        """A free the lock-free path did not accept (zero, aligned blocks, errors): under the lock, or
-        deferred when this thread holds it already (:meth:`defer`)."""
-        if self.owned():
+        """A free the lock-free path did not accept (zero, aligned blocks, errors): under the lock if
+        it is free, else checked and deferred (:meth:`defer`; rule 8)."""
+        if self.owned() or not self.lock.acquire(False):
             self.free_nested(ptr, nbytes, stream, alignment)
             return
-        with self.lock:
+        try:
             self.deallocate_slow(ptr, nbytes, stream, alignment)
+        finally:
+            self.lock.release()
 
     def rescue_locked(self, lst: list, size: int, stream: Stream) -> None:
-        """:meth:`rescue` under the lock, or deferred when this thread holds it already."""
-        if self.owned():
+        """:meth:`rescue` under the lock if it is free, else deferred (rule 8)."""
+        if self.owned() or not self.lock.acquire(False):
             self.rescue_nested(lst, size, stream)
             return
-        with self.lock:
+        try:
             self.rescue(lst, size, stream)
+        finally:
+            self.lock.release()
 
     def rescue_nested(self, lst: list, size: int, stream: Stream) -> None:
         """:meth:`rescue` while this thread holds the lock: the blocks are deferred."""
@@ -622,29 +630,30 @@ class Arena:
     def unlive(self, ptr, nbytes, alignment) -> tuple[int, int] | None:
         """Check a free the fast path did not accept and take its block out of the live tables:
         ``(block, size)`` to free, or None for the free of nothing (``0, 0``). A bad free raises
-        ValueError and changes nothing. Single dict operations, as on the lock-free path."""
+        ValueError and changes nothing. Atomic dict operations (taken out, then put back if the free
+        is bad, as on the lock-free path), so it needs no lock: two threads freeing one block cannot
+        both take it."""
         if ptr == 0 and nbytes == 0:
             return None
-        entry = self.aligned.get(ptr)
+        entry = self.aligned.pop(ptr, None)
         if entry is None:
-            size = self.live.get(ptr)
+            size = self.live.pop(ptr, None)
             if size is None:
                 raise ValueError(f"ptr {ptr:#x} was not allocated by {self.owner!r} or was already freed")
-            if size != nbytes:
-                raise ValueError(f"nbytes {nbytes} does not match the allocation of {size} bytes at {ptr:#x}")
-            if alignment > GRAIN:
+            if size != nbytes or alignment > GRAIN:
+                self.live[ptr] = size
+                if size != nbytes:
+                    raise ValueError(f"nbytes {nbytes} does not match the allocation of {size} bytes at {ptr:#x}")
                 raise ValueError(f"alignment {alignment} does not match the allocation at {ptr:#x} "
                                  f"(made with an alignment of at most {GRAIN})")
-            del self.live[ptr]
-            block, size = ptr, (nbytes + 255) & -256
-        else:
-            block, size, n, align = entry
+            return ptr, (nbytes + 255) & -256
+        block, size, n, align = entry
+        if n != nbytes or alignment != align:
+            self.aligned[ptr] = entry
             if n != nbytes:
                 raise ValueError(f"nbytes {nbytes} does not match the allocation of {n} bytes at {ptr:#x}")
-            if alignment != align:
-                raise ValueError(f"alignment {alignment} does not match the allocation at {ptr:#x} "
-                                 f"(made with alignment {align})")
-            del self.aligned[ptr]
+            raise ValueError(f"alignment {alignment} does not match the allocation at {ptr:#x} "
+                             f"(made with alignment {align})")
         return block, size
 
     def free_block(self, block: int, size: int, stream: Stream) -> None:

@@ -128,10 +128,12 @@ def plain_paths(arena):
                         return
                     arena.rescue_locked(lst, size, stream)
                     return
-        if lock._is_owned():  # a finalizer freeing inside this thread's locked step: deferred
+        if lock._is_owned() or not lock.acquire(False):  # rule 8: a free never waits for the lock
             return arena.defer(ptr, size, stream)
-        with lock:  # any other size coalesces into the free list now
+        try:  # any other size coalesces into the free list now
             arena.free_block(ptr, size, stream)
+        finally:
+            lock.release()
 
     return allocate, deallocate
 
@@ -228,10 +230,12 @@ def counting_paths(arena, events: list, on_full, limit: int, counted: dict):
                         return
                     arena.rescue_locked(lst, size, stream)
                     return
-        if lock._is_owned():  # a finalizer freeing inside this thread's locked step: deferred
+        if lock._is_owned() or not lock.acquire(False):  # rule 8: a free never waits for the lock
             return arena.defer(ptr, size, stream)
-        with lock:
+        try:
             arena.free_block(ptr, size, stream)
+        finally:
+            lock.release()
 
     return allocate, deallocate
 
@@ -313,9 +317,11 @@ def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
                         return
                     arena.rescue_locked(lst, size, stream)
                     return
-        if lock._is_owned():  # a finalizer freeing inside this thread's locked step: deferred
+        if lock._is_owned() or not lock.acquire(False):  # rule 8: a free never waits for the lock
             return arena.defer(ptr, size, stream)
-        with lock:
+        try:
             arena.free_block(ptr, size, stream)
+        finally:
+            lock.release()
 
     return malloc, free, where.__contains__, None

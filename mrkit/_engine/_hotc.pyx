@@ -371,6 +371,13 @@ cdef class Lock:
         self.owner, self.depth = PyThread_get_thread_ident(), 1
         return True
 
+    cdef inline bint try_take(self):
+        """Take the lock if it is free: true; false, taking nothing, when any thread holds it."""
+        if not PyThread_acquire_lock(self.lk, 0):
+            return False
+        self.owner, self.depth = PyThread_get_thread_ident(), 1
+        return True
+
     cdef inline void give(self):
         self.depth, self.owner = 0, 0
         PyThread_release_lock(self.lk)
@@ -617,6 +624,8 @@ cdef class _Base:
         if not self.lock.take():  # a finalizer allocating inside this thread's locked step
             self.arena.nested_allocation(nbytes)
         try:
+            if self.deferred:  # frees made while the lock was taken: in their lists before the fit
+                self.arena.apply_deferred()
             ptr = self.take_c(size, stream)
             self.live[ptr] = nbytes
             if self.deferred:
@@ -637,7 +646,7 @@ cdef class _Base:
                     (<list>lst).append(ptr)
                     if st.cache is cache:
                         return 0
-                    if not self.lock.take():
+                    if not self.lock.try_take():  # rule 8: a free never waits for the lock
                         self.arena.rescue_nested(lst, size, stream)
                         return 0
                     try:
@@ -645,7 +654,7 @@ cdef class _Base:
                     finally:
                         self.lock.give()
                     return 0
-        if not self.lock.take():  # a finalizer freeing inside this thread's locked step: deferred
+        if not self.lock.try_take():  # rule 8: a free never waits for the lock; deferred
             self.deferred.append((ptr, size, stream))
             return 0
         try:
@@ -657,7 +666,7 @@ cdef class _Base:
         return 0
 
     cdef inline int locked_free(self, ptr, nbytes, stream, alignment) except -1:
-        if not self.lock.take():  # a finalizer freeing inside this thread's locked step: deferred
+        if not self.lock.try_take():  # rule 8: checked and taken out of the live tables, deferred
             self.arena.free_nested(ptr, nbytes, stream, alignment)
             return 0
         try:

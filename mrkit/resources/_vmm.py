@@ -836,6 +836,7 @@ class VirtualMemoryResource(CachingResource):
         holding free memory, sets those mappings aside, and releases each once its event has completed
         (checked on every later trim and slow-path allocation). A later allocation maps pages again."""
         with self.arena.lock:
+            self.arena.apply_deferred()  # frees that found the lock taken (rule 8) go back too
             return self._src.trim_locked() if wait else self._src.release_async()
 
     release = trim
@@ -846,6 +847,7 @@ class VirtualMemoryResource(CachingResource):
         with arena.lock:
             if arena.live or arena.aligned:
                 raise ValueError(f"{self!r} still has {len(arena.live) + len(arena.aligned)} live allocations")
+            arena.apply_deferred()
             src.trim_locked()
             if src.base:
                 src.driver.mem_address_free(src.base, src.reserve_size)

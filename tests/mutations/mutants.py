@@ -83,9 +83,10 @@ MUTANTS = [
            "        used = self._used\n        with self._lock:\n            if used + nbytes > self.limit:",
            ("limiting(pool(cuda), 4 MiB)",), kit="races"),
     Mutant("race: trim(wait=False) runs without the arena lock", "resources/_vmm.py",
-           "        with self.arena.lock:\n            return self._src.trim_locked() if wait else self._src.release_async()",
+           "        with self.arena.lock:\n            self.arena.apply_deferred()  # frees that found the lock taken (rule 8) go back too\n"
+           "            return self._src.trim_locked() if wait else self._src.release_async()",
            "        if not wait:\n            return self._src.release_async()\n        with self.arena.lock:\n"
-           "            return self._src.trim_locked()", VMMS, kit="races"),
+           "            self.arena.apply_deferred()\n            return self._src.trim_locked()", VMMS, kit="races"),
     # -- the VMM -------------------------------------------------------------------------------------
     Mutant("the footprint limit's bound is not enforced", "resources/_vmm.py",
            "        if after > bound:\n", "        if False:\n", ("vmm(moving pages, footprint_limit=1.0)",)),
