@@ -204,7 +204,7 @@ class ChunkSource:
     returns_chunks = True
     #: whether :meth:`prepare` does anything (the arena skips the call when not)
     prepares = False
-    #: a size that misses again within this many misses gets a cache list (see Arena.missed_again)
+    #: a size that misses again within this many misses gets a cache list (see Arena.take)
     hot_distance = HOT_DISTANCE
 
     def grow(self, arena: "Arena", size: int, stream: Stream, exact: bool) -> tuple[int, int, bool]:
@@ -271,13 +271,12 @@ class Arena:
         # the default placement and nothing to prepare: the compiled build runs the placement in C too
         self.default_fit = type(source).fit is ChunkSource.fit and self._prepare is None
         self.build = _paths()  # the hot path's build (compiled or Python), kept for its variants
-        # Reentrant, and it knows its owner: a free that arrives while this thread holds it (a
-        # finalizer run by the garbage collector inside a locked step) is deferred, never a deadlock
-        # (see defer). The compiled build's is CPython's own lock, taken from C without a call.
+        # Reentrant for Python code, and it knows its owner; a free that finds it taken is deferred,
+        # never waits (rule 8, see defer). The compiled build's is CPython's own lock, taken from C.
         self.lock = self.build.Lock() if hasattr(self.build, "Lock") else threading.RLock()
         self.owned = self.lock._is_owned
         self.deferred: list[tuple[int, int, Stream]] = []  # (block, size, stream): see defer
-        self.missed = self.build.Misses(source.hot_distance, _MISSED_MAX)  # see missed_again
+        self.missed = self.build.Misses(source.hot_distance, _MISSED_MAX)  # see take
         self._State = _state_class(self.build)
         self.allocate, self.deallocate = self.build.plain_paths(self)
 
@@ -367,8 +366,8 @@ class Arena:
         prepare = self._prepare
         if prepare is not None:
             ptr = prepare(self, ptr, size, stream)
-        if self.missed.note(size):  # missed_again, without its frame
-            self.state(stream).register(size, self.boundaries)
+        if self.missed.note(size):  # the second miss within hot_distance makes the size hot for the
+            self.state(stream).register(size, self.boundaries)  # stream: its frees are cached from now on
         if self.deferred:
             self.apply_deferred()
         return ptr
@@ -384,16 +383,13 @@ class Arena:
         list, in a free list, or here."""
         self.deferred.append((block, size, stream))
 
-    def free_nested(self, ptr, nbytes, stream: Stream, alignment, size: int | None = None) -> None:
-        """A free that found the lock taken (see :meth:`defer`). ``size``: the fast path already took
-        the block out of the live table; else it is checked and taken out here (a bad free raises at
-        once, changing nothing), then deferred."""
-        if size is None:
-            got = self.unlive(ptr, nbytes, alignment)
-            if got is None:
-                return
-            ptr, size = got
-        self.defer(ptr, size, stream)
+    def free_nested(self, ptr, nbytes, stream: Stream, alignment) -> None:
+        """A free the lock-free path did not accept, which found the lock taken (see :meth:`defer`):
+        checked and taken out of the live tables here (a bad free raises at once, changing nothing),
+        then deferred."""
+        got = self.unlive(ptr, nbytes, alignment)
+        if got is not None:
+            self.defer(got[0], got[1], stream)
 
     def free_slow(self, ptr, nbytes, stream: Stream, alignment) -> None:
         """A free the lock-free path did not accept (zero, aligned blocks, errors): under the lock if
@@ -417,12 +413,13 @@ class Arena:
             self.lock.release()
 
     def rescue_nested(self, lst: list, size: int, stream: Stream) -> None:
-        """:meth:`rescue` while this thread holds the lock: the blocks are deferred."""
+        """:meth:`rescue` while the lock is taken: the blocks are deferred."""
         for p in drain(lst):
             self.defer(p, size, stream)
 
     def apply_deferred(self) -> None:
-        """Put the deferred frees in their free lists or caches (lock held, at the end of a locked step)."""
+        """Put the deferred frees in their free lists or caches (lock held: at the start and end of the
+        locked steps that place or return memory)."""
         d = self.deferred
         while d:
             block, size, stream = d.pop()
@@ -434,12 +431,6 @@ class Arena:
         raise RuntimeError(
             f"{self.owner!r} cannot allocate {nbytes} bytes here: this thread is inside one of its locked "
             f"steps (a finalizer, run by the garbage collector there, allocated)")
-
-    def missed_again(self, size: int, stream: Stream) -> None:
-        """Note a cache miss of ``size`` (lock held); the second one makes the size hot for the
-        stream (:meth:`StreamState.register`), so its frees are cached from then on."""
-        if self.missed.note(size):
-            self.state(stream).register(size, self.boundaries)
 
     def find(self, size: int, stream: Stream, tried: bool = False) -> int:
         """``size`` bytes for ``stream`` (lock held): its own free memory (unless ``tried`` already),

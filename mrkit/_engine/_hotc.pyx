@@ -15,8 +15,8 @@ The locked miss path is compiled too: :class:`FreeList` (the twin of :mod:`mrkit
 the same methods and answers, over C++ trees), :class:`StateFields` (a stream's state as C fields),
 :class:`Lock` (CPython's lock, taken from C, knowing its owner), :class:`Misses` and, in :class:`_Base`,
 the arena's ``take`` for sources with the default placement or the plain placement over pages
-(``ChunkSource.plain_pages``: the VMM without a footprint limit), its ``missed_again`` and its
-``free_block`` (twins of :class:`~mrkit._engine._arena.Arena`'s, step for step). Anything else (a
+(``ChunkSource.plain_pages``: the VMM without a footprint limit), the miss count that makes a size
+hot, and its ``free_block`` (twins of :class:`~mrkit._engine._arena.Arena`'s, step for step). Anything else (a
 source's own ``fit`` or ``prepare``, a stream with no state yet, growth, stealing, the out-of-memory
 reclaim) is the arena's Python code.
 """
@@ -600,7 +600,8 @@ cdef class _Base:
         return None
 
     cdef int missed_again(self, object size, object stream) except -1:
-        """``Arena.missed_again`` (lock held)."""
+        """The end of ``Arena.take`` (lock held): the miss counted, and the size made hot for the stream
+        when it missed again within the source's ``hot_distance``."""
         if self.missed.note_c(size):
             self.arena.state(stream).register(size, self.boundaries)
         return 0
