@@ -272,10 +272,10 @@ class Arena:
         self.default_fit = type(source).fit is ChunkSource.fit and self._prepare is None
         self.build = _paths()  # the hot path's build (compiled or Python), kept for its variants
         # Reentrant for Python code, and it knows its owner; a free that finds it taken is deferred,
-        # never waits (rule 8, see defer). The compiled build's is CPython's own lock, taken from C.
+        # never waits (rule 8, see free_or_defer). The compiled build's is CPython's own lock, taken from C.
         self.lock = self.build.Lock() if hasattr(self.build, "Lock") else threading.RLock()
         self.owned = self.lock._is_owned
-        self.deferred: list[tuple[int, int, Stream]] = []  # (block, size, stream): see defer
+        self.deferred: list[tuple[int, int, Stream]] = []  # (block, size, stream): see free_or_defer
         self.missed = self.build.Misses(source.hot_distance, _MISSED_MAX)  # see take
         self._State = _state_class(self.build)
         self.allocate, self.deallocate = self.build.plain_paths(self)
@@ -372,50 +372,35 @@ class Arena:
             self.apply_deferred()
         return ptr
 
-    def defer(self, block: int, size: int, stream: Stream) -> None:
-        """Queue a freed block (no longer live) for its free list, because the lock is taken (rule 8).
-        By this thread: it is inside a locked step that a finalizer interrupted (the garbage collector
-        collected an object that frees memory of this arena, e.g. a CuPy array in a reference cycle);
-        waiting would deadlock, and changing the free lists in the middle of that step could corrupt
-        them. By another thread: waiting could deadlock too (that thread's own finalizer may wait for
-        a lock this one holds), and the holder applies the queue at the start and end of its locked
-        steps (:meth:`apply_deferred`). One atomic ``append``. Rule 2: a block is live, in a cache
-        list, in a free list, or here."""
-        self.deferred.append((block, size, stream))
-
-    def free_nested(self, ptr, nbytes, stream: Stream, alignment) -> None:
-        """A free the lock-free path did not accept, which found the lock taken (see :meth:`defer`):
-        checked and taken out of the live tables here (a bad free raises at once, changing nothing),
-        then deferred."""
-        got = self.unlive(ptr, nbytes, alignment)
-        if got is not None:
-            self.defer(got[0], got[1], stream)
+    def free_or_defer(self, block: int, size: int, stream: Stream) -> None:
+        """A freed block (no longer live): into its stream's lists under the lock, applying the frees
+        deferred meanwhile; or, when the lock is taken, queued in :attr:`deferred` (rule 8: a free
+        never waits). Taken by this thread: it is inside a locked step that a finalizer interrupted
+        (the garbage collector collected an object that frees memory of this arena, e.g. a CuPy array
+        in a reference cycle); waiting would deadlock, and changing the free lists in the middle of that
+        step could corrupt them. Taken by another thread: waiting could deadlock too (that thread's own
+        finalizer may wait for a lock this one holds), and the holder applies the queue at the start
+        and end of its locked steps (:meth:`apply_deferred`). Queuing is one atomic ``append`` (the
+        compiled build appends in C). Rule 2: a block is live, in a cache list, in a free list, or
+        queued here."""
+        lock = self.lock
+        if self.owned() or not lock.acquire(False):
+            self.deferred.append((block, size, stream))
+            return
+        try:
+            self.free_block(block, size, stream)
+            if self.deferred:
+                self.apply_deferred()
+        finally:
+            lock.release()
 
     def free_slow(self, ptr, nbytes, stream: Stream, alignment) -> None:
-        """A free the lock-free path did not accept (zero, aligned blocks, errors): under the lock if
-        it is free, else checked and deferred (:meth:`defer`; rule 8)."""
-        if self.owned() or not self.lock.acquire(False):
-            self.free_nested(ptr, nbytes, stream, alignment)
-            return
-        try:
-            self.deallocate_slow(ptr, nbytes, stream, alignment)
-        finally:
-            self.lock.release()
-
-    def rescue_locked(self, lst: list, size: int, stream: Stream) -> None:
-        """:meth:`rescue` under the lock if it is free, else deferred (rule 8)."""
-        if self.owned() or not self.lock.acquire(False):
-            self.rescue_nested(lst, size, stream)
-            return
-        try:
-            self.rescue(lst, size, stream)
-        finally:
-            self.lock.release()
-
-    def rescue_nested(self, lst: list, size: int, stream: Stream) -> None:
-        """:meth:`rescue` while the lock is taken: the blocks are deferred."""
-        for p in drain(lst):
-            self.defer(p, size, stream)
+        """A free the lock-free path did not accept (zero, aligned blocks, errors): checked and taken
+        out of the live tables (:meth:`unlive`: a bad free raises, changing nothing), then freed or
+        deferred (:meth:`free_or_defer`)."""
+        got = self.unlive(ptr, nbytes, alignment)
+        if got is not None:
+            self.free_or_defer(got[0], got[1], stream)
 
     def apply_deferred(self) -> None:
         """Put the deferred frees in their free lists or caches (lock held: at the start and end of the
@@ -609,15 +594,6 @@ class Arena:
             self.aligned[ptr] = (block, size, nbytes, alignment)
             return ptr
 
-    def deallocate_slow(self, ptr, nbytes, stream: Stream, alignment) -> None:
-        """A free the fast path did not accept (lock held): zero, aligned blocks, and errors, which
-        leave everything unchanged."""
-        got = self.unlive(ptr, nbytes, alignment)
-        if got is not None:
-            self.free_block(got[0], got[1], stream)
-        if self.deferred:
-            self.apply_deferred()
-
     def unlive(self, ptr, nbytes, alignment) -> tuple[int, int] | None:
         """Check a free the fast path did not accept and take its block out of the live tables:
         ``(block, size)`` to free, or None for the free of nothing (``0, 0``). A bad free raises
@@ -660,9 +636,10 @@ class Arena:
             lst.append(block)
 
     def rescue(self, lst: list, size: int, stream: Stream) -> None:
-        """Re-home blocks appended to a cache list that is no longer attached (lock held)."""
+        """Re-home blocks appended to a cache list that is no longer attached (rule 3): each freed or
+        deferred (:meth:`free_or_defer`; the caller need not hold the lock)."""
         for p in drain(lst):
-            self.free_block(p, size, stream)
+            self.free_or_defer(p, size, stream)
 
     def close_event(self) -> None:
         if self.event is not None and self.driver is not None:

@@ -126,14 +126,9 @@ def plain_paths(arena):
                     lst.append(ptr)
                     if st.cache is cache:  # rule 3: still attached, so the block is where it belongs
                         return
-                    arena.rescue_locked(lst, size, stream)
+                    arena.rescue(lst, size, stream)
                     return
-        if lock._is_owned() or not lock.acquire(False):  # rule 8: a free never waits for the lock
-            return arena.defer(ptr, size, stream)
-        try:  # any other size coalesces into the free list now
-            arena.free_block(ptr, size, stream)
-        finally:
-            lock.release()
+        arena.free_or_defer(ptr, size, stream)  # any other size coalesces into the free list now
 
     return allocate, deallocate
 
@@ -228,14 +223,9 @@ def counting_paths(arena, events: list, on_full, limit: int, counted: dict):
                     lst.append(ptr)
                     if st.cache is cache:
                         return
-                    arena.rescue_locked(lst, size, stream)
+                    arena.rescue(lst, size, stream)
                     return
-        if lock._is_owned() or not lock.acquire(False):  # rule 8: a free never waits for the lock
-            return arena.defer(ptr, size, stream)
-        try:
-            arena.free_block(ptr, size, stream)
-        finally:
-            lock.release()
+        arena.free_or_defer(ptr, size, stream)
 
     return allocate, deallocate
 
@@ -315,13 +305,8 @@ def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
                     lst.append(ptr)
                     if st.cache is cache:
                         return
-                    arena.rescue_locked(lst, size, stream)
+                    arena.rescue(lst, size, stream)
                     return
-        if lock._is_owned() or not lock.acquire(False):  # rule 8: a free never waits for the lock
-            return arena.defer(ptr, size, stream)
-        try:
-            arena.free_block(ptr, size, stream)
-        finally:
-            lock.release()
+        arena.free_or_defer(ptr, size, stream)
 
     return malloc, free, where.__contains__, None

@@ -461,7 +461,7 @@ cdef class _Base:
     cdef Misses missed
     cdef list deferred
     cdef bint ordered
-    cdef object take, to_stream, allocate_slow, deallocate_slow, rescue, free_block
+    cdef object take, to_stream, allocate_slow, arena_free_slow, rescue, free_block
     cdef object arena, find, boundaries, fit, prepare, source
     cdef bint default_fit
     cdef dict aligned
@@ -488,7 +488,7 @@ cdef class _Base:
         self.missed = arena.missed
         self.deferred = arena.deferred
         self.take, self.to_stream = arena.take, arena.as_stream
-        self.allocate_slow, self.deallocate_slow = arena.allocate_slow, arena.deallocate_slow
+        self.allocate_slow, self.arena_free_slow = arena.allocate_slow, arena.free_slow
         self.rescue, self.free_block = arena.rescue, arena.free_block
 
     cdef inline StateFields state_of(self, object stream):
@@ -647,13 +647,7 @@ cdef class _Base:
                     (<list>lst).append(ptr)
                     if st.cache is cache:
                         return 0
-                    if not self.lock.try_take():  # rule 8: a free never waits for the lock
-                        self.arena.rescue_nested(lst, size, stream)
-                        return 0
-                    try:
-                        self.rescue(lst, size, stream)
-                    finally:
-                        self.lock.give()
+                    self.rescue(lst, size, stream)  # each block freed or deferred (rule 8)
                     return 0
         if not self.lock.try_take():  # rule 8: a free never waits for the lock; deferred
             self.deferred.append((ptr, size, stream))
@@ -667,13 +661,9 @@ cdef class _Base:
         return 0
 
     cdef inline int locked_free(self, ptr, nbytes, stream, alignment) except -1:
-        if not self.lock.try_take():  # rule 8: checked and taken out of the live tables, deferred
-            self.arena.free_nested(ptr, nbytes, stream, alignment)
-            return 0
-        try:
-            self.deallocate_slow(ptr, nbytes, stream, alignment)
-        finally:
-            self.lock.give()
+        """A free the lock-free path did not accept: ``Arena.free_slow`` (checked, then freed or
+        deferred)."""
+        self.arena_free_slow(ptr, nbytes, stream, alignment)
         return 0
 
 

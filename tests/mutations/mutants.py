@@ -66,7 +66,7 @@ MUTANTS = [
     # -- races between threads (found by the controlled interleavings of mrkit.testing.race_test) ------
     Mutant("race: a free appends to a cache list a flush has just detached", "_engine/_hot.py",
            "                    if st.cache is cache:  # rule 3: still attached, so the block is where it belongs\n"
-           "                        return\n                    arena.rescue_locked(lst, size, stream)\n                    return",
+           "                        return\n                    arena.rescue(lst, size, stream)\n                    return",
            "                    return", POOLS, kit="races"),
     Mutant("race: a flush drains the lists before swapping the dict", "_engine/_arena.py",
            "        if keep:\n            self.cache = {s: [] for s in old}\n        else:\n            self.cache, self.hot = {}, []\n"
