@@ -158,10 +158,11 @@ class StreamState(_StateMethods):
     ``cache`` is ``None`` once the state is retired: a lock-free path that finds ``None`` takes the
     locked path instead (rule 4)."""
 
-    __slots__ = ("stream", "cache", "hot", "free", "rehot")
+    __slots__ = ("stream", "cache", "hot", "free", "rehot", "maybe_cached")
 
     def __init__(self, stream: Stream, free: FreeList) -> None:
         self.stream = stream
+        self.maybe_cached = False  # the compiled build's hint (its StateFields.cached); unread here
         self.cache: dict[int, list[int]] | None = {}
         self.hot: list[int] = []
         self.free = free  # an empty free list of the arena's build
@@ -264,13 +265,13 @@ class Arena:
         self.aligned: dict[int, tuple[int, int, int, int]] = {}  # ptr -> (block, size, nbytes, alignment > 256)
         self.states: dict[int, StreamState] = {} if ordered else _OneState()
         self.chunks: dict[int, int] = {}  # chunk base -> size
-        self.boundaries: set[int] = set()  # chunk bases: blocks never coalesce across them
+        self.build = _paths()  # the hot path's build (compiled or Python), kept for its variants
+        self.boundaries = self.build.Boundaries()  # chunk bases: blocks never coalesce across them
         self.held = 0
         self.event = None
         self._prepare = source.prepare if source.prepares else None
         # the default placement and nothing to prepare: the compiled build runs the placement in C too
         self.default_fit = type(source).fit is ChunkSource.fit and self._prepare is None
-        self.build = _paths()  # the hot path's build (compiled or Python), kept for its variants
         # Reentrant for Python code, and it knows its owner; a free that finds it taken is deferred,
         # never waits (rule 8, see free_or_defer). The compiled build's is CPython's own lock, taken from C.
         self.lock = self.build.Lock() if hasattr(self.build, "Lock") else threading.RLock()
@@ -634,6 +635,7 @@ class Arena:
             st.free.insert(block, size, self.boundaries)
         else:
             lst.append(block)
+            st.maybe_cached = True
 
     def rescue(self, lst: list, size: int, stream: Stream) -> None:
         """Re-home blocks appended to a cache list that is no longer attached (rule 3): each freed or

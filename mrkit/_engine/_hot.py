@@ -31,7 +31,9 @@ from .._resource import DEFAULT_ALIGNMENT, check_request
 from .._stream import Stream
 from ._freelist import FreeList
 
-__all__ = ["plain_paths", "counting_paths", "hook_paths", "checked_free_args", "FreeList", "Misses"]
+__all__ = ["plain_paths", "counting_paths", "hook_paths", "checked_free_args", "FreeList", "Misses", "Boundaries"]
+
+Boundaries = set  # chunk bases, blocks never coalesce across one (the compiled build's is a C++ set)
 
 
 class Misses:

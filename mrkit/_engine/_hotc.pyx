@@ -25,6 +25,7 @@ from cpython.ref cimport PyObject
 from cython.operator cimport dereference as deref, preincrement as inc, predecrement as dec
 from libcpp.map cimport map as cmap
 from libcpp.set cimport set as cset
+from libcpp.unordered_map cimport unordered_map
 from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 from libc.stdint cimport intptr_t
@@ -137,7 +138,7 @@ cdef class FreeList:
         that joins a neighbour takes over that neighbour's tree nodes."""
         cdef u64 nxt = ptr + size, p = 0, n = 0, psize = 0
         cdef cmap[u64, u64].iterator nit = self.by_addr.find(nxt), pit
-        cdef bint join_next = nit != self.by_addr.end() and nxt not in boundaries
+        cdef bint join_next = nit != self.by_addr.end() and not _boundary(boundaries, nxt)
         cdef bint join_prev = False
         if join_next:
             n = deref(nit).second
@@ -145,7 +146,7 @@ cdef class FreeList:
         if pit != self.by_addr.begin():
             dec(pit)
             p, psize = deref(pit).first, deref(pit).second
-            join_prev = p + psize == ptr and ptr not in boundaries
+            join_prev = p + psize == ptr and not _boundary(boundaries, ptr)
         if join_prev:  # the previous block grows in place (and swallows the next one)
             if join_next:
                 self.by_size.erase(SizePtr(n, nxt))
@@ -290,6 +291,49 @@ cdef class FreeList:
         return self.free_bytes
 
 
+cdef class Boundaries:
+    """The compiled twin of the Python build's ``set`` of chunk bases (blocks never coalesce across
+    one): a C++ set, asked in C by :meth:`FreeList.insert` without making a Python int; from Python,
+    the set methods the engine uses (``add``, ``discard``, ``in``, ``len``, iteration)."""
+    cdef cset[u64] bases
+
+    def __init__(self, iterable=()):
+        for b in iterable:
+            self.add(b)
+
+    cdef inline bint has(self, u64 b):
+        return self.bases.count(b) != 0
+
+    def add(self, b):
+        self.bases.insert(<u64>b)
+
+    def discard(self, b):
+        cdef u64 v
+        if _as_u64(b, &v):
+            self.bases.erase(v)
+
+    def __contains__(self, b):
+        cdef u64 v
+        return _as_u64(b, &v) and self.bases.count(v) != 0
+
+    def __len__(self):
+        return self.bases.size()
+
+    def __iter__(self):
+        cdef vector[u64] got = vector[u64](self.bases.begin(), self.bases.end())
+        return iter([b for b in got])
+
+    def __repr__(self):
+        return f"Boundaries({sorted(self)!r})"
+
+
+cdef inline bint _boundary(object boundaries, u64 b) except -1:
+    """Whether ``b`` is in ``boundaries`` (a :class:`Boundaries`, or any container: a test's set)."""
+    if type(boundaries) is Boundaries:
+        return (<Boundaries>boundaries).bases.count(b) != 0
+    return b in boundaries
+
+
 cdef class StateFields:
     """A stream's state in the compiled build: the fields of ``_arena.StreamState`` as C struct fields
     (the arena's state class adds its methods), read here without an attribute lookup."""
@@ -298,6 +342,9 @@ cdef class StateFields:
     cdef public list hot
     cdef public FreeList free
     cdef public set rehot
+    # Whether a block may be in the cache: set by every append to a cache list (in the same C step,
+    # under the GIL), cleared by a walk that finds none; a miss then skips the walk (cached_c).
+    cdef public bint maybe_cached
 
     def __init__(self, stream, FreeList free not None):
         self.stream, self.cache, self.hot, self.free, self.rehot = stream, {}, [], free, set()
@@ -306,12 +353,15 @@ cdef class StateFields:
         cdef Py_ssize_t pos = 0
         cdef PyObject *key
         cdef PyObject *value
+        if not self.maybe_cached:
+            return False
         cache = self.cache
         if not cache:
             return False
         while PyDict_Next(cache, &pos, &key, &value):  # only the lock adds keys
             if <object>value:
                 return True
+        self.maybe_cached = False  # the walk runs no Python code: no append came in between
         return False
 
     def cached(self):
@@ -430,27 +480,34 @@ cdef class Lock:
 
 
 cdef class Misses:
-    """The compiled twin of ``_hot.Misses``: the sizes that missed the cache lately, the counter a C
-    field (touched only under the arena's lock)."""
-    cdef readonly dict last
+    """The compiled twin of ``_hot.Misses``: the sizes that missed the cache lately, in a C++ hash map
+    (no Python int kept per size), the counter a C field (touched only under the arena's lock)."""
+    cdef unordered_map[u64, Py_ssize_t] seen
     cdef readonly Py_ssize_t count, distance, capacity
 
     def __init__(self, Py_ssize_t distance, Py_ssize_t capacity):
-        self.last, self.distance, self.capacity = {}, distance, capacity
+        self.distance, self.capacity = distance, capacity
 
-    cdef bint note_c(self, object size) except -1:
-        cdef dict last = self.last
+    cdef bint note_c(self, u64 size):
         self.count += 1
-        prev = last.get(size)
-        cdef bint again = prev is not None and self.count - <Py_ssize_t>prev <= self.distance
-        if not again and len(last) >= self.capacity:
-            last.clear()
-        last[size] = self.count
-        return again
+        cdef unordered_map[u64, Py_ssize_t].iterator it = self.seen.find(size)
+        cdef bint again = it != self.seen.end() and self.count - deref(it).second <= self.distance
+        if again or (it != self.seen.end() and <Py_ssize_t>self.seen.size() < self.capacity):
+            deref(it).second = self.count
+            return again
+        if <Py_ssize_t>self.seen.size() >= self.capacity:
+            self.seen.clear()
+        self.seen[size] = self.count
+        return False
 
     def note(self, size):
         """Count a miss of ``size``; whether it missed within ``distance`` misses before."""
         return self.note_c(size)
+
+    @property
+    def last(self):
+        """``size -> the count at its last miss``, as a new dict."""
+        return {e.first: e.second for e in self.seen}
 
 
 cdef class _Base:
@@ -469,6 +526,7 @@ cdef class _Base:
     cdef list cov_starts
     cdef dict cov_end
     cdef u64 base, page
+    cdef StateFields last_state  # see state_of
 
     def __init__(self, arena):
         self.arena, self.find, self.boundaries = arena, arena.find, arena.boundaries
@@ -492,12 +550,22 @@ cdef class _Base:
         self.rescue, self.free_block = arena.rescue, arena.free_block
 
     cdef inline StateFields state_of(self, object stream):
-        """The stream's state, or None (the arena makes every state of the compiled build's class)."""
+        """The stream's state, or None (the arena makes every state of the compiled build's class).
+
+        The state found last is kept: asked again for the very stream object it was made for, and
+        not retired (a state leaves the table only retired, its ``cache`` None for good: rule 4), it
+        is the table's answer without a look-up."""
+        cdef StateFields last = self.last_state
+        if last is not None and last.stream is stream and last.cache is not None:
+            return last
         if self.ordered:
             st = (<dict>self.states).get(stream.uid)
         else:
             st = self.states_get(stream.uid)
-        return None if st is None else <StateFields>st
+        if st is None:
+            return None
+        self.last_state = <StateFields>st
+        return <StateFields>st
 
     cdef inline object cached_pop(self, object stream, object size):
         """A block of ``size`` from ``stream``'s cache, lock-free, or None."""
@@ -602,7 +670,7 @@ cdef class _Base:
     cdef int missed_again(self, object size, object stream) except -1:
         """The end of ``Arena.take`` (lock held): the miss counted, and the size made hot for the stream
         when it missed again within the source's ``hot_distance``."""
-        if self.missed.note_c(size):
+        if self.missed.note_c(<u64>size):
             self.arena.state(stream).register(size, self.boundaries)
         return 0
 
@@ -619,6 +687,7 @@ cdef class _Base:
             st.free.insert_c(ptr, size, self.boundaries)
         else:
             (<list>lst).append(ptr)
+            st.maybe_cached = True
         return 0
 
     cdef inline object locked_take(self, object size, object stream, object nbytes):
@@ -645,6 +714,7 @@ cdef class _Base:
                 lst = (<dict>cache).get(size)
                 if lst is not None:
                     (<list>lst).append(ptr)
+                    st.maybe_cached = True
                     if st.cache is cache:
                         return 0
                     self.rescue(lst, size, stream)  # each block freed or deferred (rule 8)
