@@ -119,3 +119,142 @@ def test_a_size_is_hot_when_it_misses_again_within_the_distance(make):
     m.note(256), m.note(512)
     assert not m.note(768) and len(m.last) == 1  # full: starts afresh
     assert not m.note(256)          # forgotten
+
+
+@compiled
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "discard", "in"]), st.integers(0, 12)), max_size=80))
+def test_the_compiled_chunk_bases_answer_as_a_set(steps):
+    """``_hotc.Boundaries`` (the compiled arena's chunk bases) behaves as the Python build's ``set`` for
+    every operation the engine makes, and the free list asks it without a Python int."""
+    py, cc = set(), _hotc.Boundaries()
+    for op, k in steps:
+        b = k << 20
+        if op == "in":
+            assert (b in cc) == (b in py)
+        else:
+            getattr(py, op)(b), getattr(cc, op)(b)
+        assert len(cc) == len(py) and sorted(cc) == sorted(py)
+    assert (-1 in cc) is False and ((1 << 70) in cc) is False  # no int outside 64 bits is a base
+
+
+@pytest.mark.parametrize("bases", [set, getattr(_hotc, "Boundaries", None)], ids=["set", "Boundaries"])
+@compiled
+def test_the_compiled_free_list_never_coalesces_across_a_chunk_base(bases):
+    fl = _hotc.FreeList()
+    b = bases([1 << 20])
+    fl.insert((1 << 20) - 4096, 4096, b)  # ends at the base
+    fl.insert(1 << 20, 4096, b)           # starts at it: two blocks
+    fl.insert((1 << 20) + 4096, 4096, b)  # joins the second only
+    assert fl.items() == [((1 << 20) - 4096, 4096), (1 << 20, 8192)]
+    b.discard(1 << 20)
+    fl.remove((1 << 20) - 4096, 4096)
+    fl.insert((1 << 20) - 4096, 4096, b)  # no base any more: the two are one block
+    assert fl.items() == [((1 << 20) - 4096, 12288)]
+
+
+@pytest.mark.parametrize("core", ["compiled", "python"])
+def test_a_stream_whose_state_was_retired_gets_a_new_one_and_loses_nothing(sim, core):
+    """A stream mrkit cannot prove alive (a raw handle) has its state retired by ``release()``; the same
+    stream object used again gets a new state, never the retired one (the compiled paths keep the
+    last state they found), and every byte goes back upstream."""
+    if core == "compiled" and _hotc is None:
+        pytest.skip("the compiled core is not built here")
+    import contextlib
+    from mrkit._engine import python_core
+    with python_core() if core == "python" else contextlib.nullcontext():
+        upstream = mrkit.DeviceMemoryResource(0, driver=sim)
+        pool = mrkit.PoolResource(upstream)
+    s = mrkit.Stream.wrap(sim.stream_create(0), driver=sim)
+    assert s.alive is None
+    for round_ in range(3):
+        for n in (4096, 4096, 4096, 70000, 70000, 123456):  # repeated sizes turn hot: cached blocks
+            pool.deallocate(pool.allocate(n, s), n, s)
+        old = pool.arena.states[s.uid]
+        pool.release()
+        assert s.uid not in pool.arena.states and old.cache is None  # retired
+        live = [(pool.allocate(n, s), n) for n in (4096, 70000, 5000)]
+        assert pool.arena.states[s.uid] is not old
+        for p, n in live:
+            pool.deallocate(p, n, s)
+        assert pool.arena.live == {}
+    pool.release()
+    assert pool.pool_size == 0 and upstream.live_bytes == 0
+
+
+def _cached_somewhere(st) -> bool:
+    cache = st.cache
+    return bool(cache) and any(cache.values())
+
+
+@compiled
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["pool", "vmm"]),
+       st.lists(st.tuples(st.booleans(), st.sampled_from([256, 512, 4096, 4096, 70000, 1 << 20, 3 << 20]),
+                          st.integers(0, 1), st.integers(0, 50)), min_size=1, max_size=120))
+def test_a_block_in_any_cache_list_is_flagged(kind, steps):
+    """The compiled build skips the walk over a state's cache lists while its ``maybe_cached`` hint is
+    false: after every operation (hits, misses, frees into the cache lock-free and under the lock,
+    flushes that serve a miss, sizes hot again, releases), every state holding a cached block has the
+    hint set. The pool's upstream is small, so misses flush the cache to be served."""
+    from mrkit.driver import SimDeviceSpec
+    drv = SimDriver([SimDeviceSpec(total_memory=16 << 20)])
+    if kind == "pool":
+        mr = mrkit.PoolResource(mrkit.DeviceMemoryResource(0, driver=drv), initial_size=4 << 20,
+                                maximum_size=12 << 20)
+    else:
+        mrkit.driver.set_backend(drv)
+        mr = mrkit.VirtualMemoryResource(0)
+    streams = [mrkit.DEFAULT_STREAM, mrkit.Stream.create(0, driver=drv)]
+    live = []
+    for alloc, n, s, k in steps:
+        if alloc or not live:
+            try:
+                live.append((mr.allocate(n, streams[s]), n, s))
+            except MemoryError:
+                mr.release() if k % 3 == 0 else None
+        else:
+            p, m, s0 = live.pop(k % len(live))
+            mr.deallocate(p, m, streams[s0])
+        for state in mr.arena.states.values():
+            assert state.maybe_cached or not _cached_somewhere(state)
+    for p, m, s0 in live:
+        mr.deallocate(p, m, streams[s0])
+    mr.release()
+    assert mr.arena.live == {}
+
+
+@pytest.mark.parametrize("how", ["locked", "deferred"])
+@pytest.mark.parametrize("core", ["compiled", "python"])
+def test_a_size_hot_again_after_a_flush_is_cached_and_flagged(sim, core, how):
+    """A flush that serves a miss remembers the hot sizes; the next free of one is cached under the
+    lock (the size is hot again), and the state says it may hold a cached block. ``deferred``: the
+    free finds the lock taken (rule 8) and is applied by the next locked step."""
+    if core == "compiled" and _hotc is None:
+        pytest.skip("the compiled core is not built here")
+    import contextlib
+    from mrkit._engine import python_core
+    with python_core() if core == "python" else contextlib.nullcontext():
+        pool = mrkit.PoolResource(mrkit.DeviceMemoryResource(0, driver=sim), initial_size=1 << 20,
+                                  maximum_size=1 << 20)
+    s = mrkit.DEFAULT_STREAM
+    for _ in range(3):  # misses twice: hot
+        pool.deallocate(pool.allocate(4096, s), 4096, s)
+    p, q = pool.allocate(4096, s), pool.allocate(4096, s)
+    pool.deallocate(q, 4096, s)
+    st_ = pool.arena.states[s.uid]
+    assert st_.cache[4096] == [q]
+    big = pool.allocate((1 << 20) - 4096, s)  # all but p: the cache is flushed to serve it
+    assert not _cached_somewhere(st_) and 4096 in st_.rehot
+    st_.maybe_cached = False
+    if how == "locked":
+        pool.deallocate(p, 4096, s)  # no list in the new cache lock-free; under the lock, hot again
+    else:
+        with pool.arena.lock:
+            pool.deallocate(p, 4096, s)
+        assert [d[0] for d in pool.arena.deferred] == [p]
+    pool.deallocate(big, (1 << 20) - 4096, s)  # a locked step: it applies the deferred free too
+    assert not pool.arena.deferred
+    assert st_.cache[4096] == [p]
+    assert st_.maybe_cached or core == "python"  # the Python build walks the lists (no hint)
+    pool.release()
