@@ -74,6 +74,50 @@ def test_the_lock_excludes_other_threads_and_lets_them_run_while_they_wait(make)
     assert box[0] == 8 * n and not lk._is_owned()
 
 
+@pytest.mark.parametrize("make", LOCKS)
+def test_the_lock_under_contention_with_timed_waits(make):
+    """Six threads mix blocking and timed acquisitions (some time out while the lock is held): every
+    update made under the lock survives, a timed wait lasts about its timeout, a waiter that gave up
+    leaves no stale wakeup that lets two threads in, and the lock ends free."""
+    lk, box, got, n = make(), [0], [0] * 6, 300
+    inside = []
+
+    def work(k):
+        for i in range(n):
+            ok = lk.acquire(timeout=0.0005) if (i + k) % 3 == 0 else lk.acquire()
+            if not ok:
+                continue
+            try:
+                inside.append(k)
+                assert len(inside) == 1, "two threads hold the lock"
+                v = box[0]
+                time.sleep(0)
+                box[0] = v + 1
+                got[k] += 1
+                inside.pop()
+            finally:
+                lk.release()
+
+    ts = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(6)]
+    for t in ts:
+        t.start()
+    deadline = time.monotonic() + 20
+    for t in ts:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in ts), "a thread still waits for a lock nobody holds"
+    assert box[0] == sum(got) and sum(got) >= 4 * n and not lk._is_owned()
+    lk.acquire()
+    out = []
+    t = threading.Thread(target=lambda: out.append((time.monotonic(), lk.acquire(timeout=0.05), time.monotonic())))
+    t.start()
+    t.join(10)
+    lk.release()
+    (t0, ok, t1), = out
+    assert ok is False and t1 - t0 >= 0.04
+    assert lk.acquire(False) is True  # free, and taken at once
+    lk.release()
+
+
 @compiled
 def test_a_compiled_arena_holds_its_lock_through_a_resource_call():
     """The compiled paths take the arena's C lock: a thread that holds it from Python makes another

@@ -273,7 +273,7 @@ class Arena:
         # the default placement and nothing to prepare: the compiled build runs the placement in C too
         self.default_fit = type(source).fit is ChunkSource.fit and self._prepare is None
         # Reentrant for Python code, and it knows its owner; a free that finds it taken is deferred,
-        # never waits (rule 8, see free_or_defer). The compiled build's is CPython's own lock, taken from C.
+        # never waits (rule 8, see free_or_defer). The compiled build's is taken from C (_hotc.Lock).
         self.lock = self.build.Lock() if hasattr(self.build, "Lock") else threading.RLock()
         self.owned = self.lock._is_owned
         self.deferred: list[tuple[int, int, Stream]] = []  # (block, size, stream): see free_or_defer

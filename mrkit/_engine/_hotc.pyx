@@ -13,7 +13,7 @@ device)``, ``void free(void *self, void *ptr, int device)``), the signature of C
 
 The locked miss path is compiled too: :class:`FreeList` (the twin of :mod:`mrkit._engine._freelist`:
 the same methods and answers, over C++ trees), :class:`StateFields` (a stream's state as C fields),
-:class:`Lock` (CPython's lock, taken from C, knowing its owner), :class:`Misses` and, in :class:`_Base`,
+:class:`Lock` (its state C fields under the GIL, knowing its owner; waiters sleep on a gate), :class:`Misses` and, in :class:`_Base`,
 the arena's ``take`` for sources with the default placement or the plain placement over pages
 (``ChunkSource.plain_pages``: the VMM without a footprint limit), the miss count that makes a size
 hot, and its ``free_block`` (twins of :class:`~mrkit._engine._arena.Arena`'s, step for step). Anything else (a
@@ -385,57 +385,96 @@ cdef extern from "pythread.h":
 cdef extern from "pythread.h":
     unsigned long PyThread_get_thread_ident() nogil
 
+from time import monotonic as _py_monotonic
+
+
+cdef inline double _monotonic() except? -1:
+    return _py_monotonic()
+
 
 cdef class Lock:
-    """An arena's lock in the compiled build: CPython's own lock (the one ``threading.Lock`` wraps)
-    that knows its owner. The compiled paths take it in C, without a Python call, and learn when the
-    calling thread holds it already (:meth:`take`); from Python it is a ``threading.RLock``
-    (``acquire(blocking, timeout)``, ``release``, ``with``, and ``_is_owned`` as the Python build's
-    lock has it). A wait releases the GIL and is not interrupted by signals."""
-    cdef PyThread_type_lock lk
+    """An arena's lock in the compiled build. Its state (held, owner, depth, waiters) is C fields read
+    and written only with the GIL held, so taking a free lock and giving it back are a few C stores:
+    no call into the operating system and no clock read (CPython's own lock reads the monotonic clock on
+    every acquire, even a non-blocking one). A thread that finds it held waits, without the GIL, on a
+    gate (CPython's lock, used as a semaphore): every give while a thread waits opens the gate once,
+    and a woken thread takes the lock if it is free, else waits again (no wakeup is lost: a waiter
+    counts itself before it sleeps, and whoever holds the lock then opens the gate when giving it).
+
+    The compiled paths take it in C and learn when the calling thread holds it already (:meth:`take`);
+    from Python it is a ``threading.RLock`` (``acquire(blocking, timeout)``, ``release``, ``with``, and
+    ``_is_owned`` as the Python build's lock has it). A wait is not interrupted by signals."""
+    cdef PyThread_type_lock gate  # closed (acquired) while no give is pending for a waiter
+    cdef bint held
     cdef unsigned long owner  # the holder's thread ident, set while held
     cdef Py_ssize_t depth  # acquisitions by the holder (Python's acquire is reentrant)
+    cdef Py_ssize_t waiters  # threads waiting on the gate
 
     def __cinit__(self):
-        self.lk = PyThread_allocate_lock()
-        if self.lk is NULL:
+        self.gate = PyThread_allocate_lock()
+        if self.gate is NULL:
             raise MemoryError("could not allocate a lock")
+        PyThread_acquire_lock(self.gate, 1)
 
     def __dealloc__(self):
-        if self.lk is not NULL:
-            if self.depth:
-                PyThread_release_lock(self.lk)
-            PyThread_free_lock(self.lk)
+        if self.gate is not NULL:
+            PyThread_release_lock(self.gate)  # a lock is freed unlocked
+            PyThread_free_lock(self.gate)
 
     cdef inline bint mine(self):
-        return self.depth != 0 and self.owner == PyThread_get_thread_ident()
+        return self.held and self.owner == PyThread_get_thread_ident()
+
+    cdef inline void grab(self):
+        self.held, self.owner, self.depth = True, PyThread_get_thread_ident(), 1
+
+    cdef bint wait(self, long long us) except -1:
+        """Wait until the lock is free and take it (GIL held on entry and return); ``us`` >= 0: give up
+        after that many microseconds (false)."""
+        cdef PyLockStatus r
+        cdef double deadline = 0, left
+        if us >= 0:
+            deadline = _monotonic() + us * 1e-6
+        self.waiters += 1
+        try:
+            while self.held:
+                if us < 0:
+                    with nogil:
+                        PyThread_acquire_lock(self.gate, 1)
+                else:
+                    left = deadline - _monotonic()
+                    if left <= 0:
+                        return False
+                    with nogil:
+                        r = PyThread_acquire_lock_timed(self.gate, <long long>(left * 1e6), 0)
+        finally:
+            self.waiters -= 1
+        self.grab()
+        return True
 
     cdef inline bint take(self) except -1:
         """Take the lock (waiting without the GIL): true; false, taking nothing, when the calling
         thread holds it already (a finalizer run inside one of its locked steps)."""
-        if not PyThread_acquire_lock(self.lk, 0):
-            if self.mine():
-                return False
-            with nogil:
-                PyThread_acquire_lock(self.lk, 1)
-        self.owner, self.depth = PyThread_get_thread_ident(), 1
-        return True
+        if not self.held:
+            self.grab()
+            return True
+        if self.owner == PyThread_get_thread_ident():
+            return False
+        return self.wait(-1)
 
     cdef inline bint try_take(self):
         """Take the lock if it is free: true; false, taking nothing, when any thread holds it."""
-        if not PyThread_acquire_lock(self.lk, 0):
+        if self.held:
             return False
-        self.owner, self.depth = PyThread_get_thread_ident(), 1
+        self.grab()
         return True
 
     cdef inline void give(self):
-        self.depth, self.owner = 0, 0
-        PyThread_release_lock(self.lk)
+        self.held, self.depth, self.owner = False, 0, 0
+        if self.waiters:
+            PyThread_release_lock(self.gate)  # wake one waiter (an open gate stays open)
 
     def acquire(self, blocking=True, timeout=-1):
         """Take the lock (``threading.RLock.acquire``'s arguments); whether it was taken."""
-        cdef long long us
-        cdef PyLockStatus r
         if not blocking and timeout != -1:
             raise ValueError("can't specify a timeout for a non-blocking call")
         if blocking and timeout != -1 and timeout < 0:
@@ -443,19 +482,12 @@ cdef class Lock:
         if self.mine():
             self.depth += 1
             return True
-        if not blocking:
-            ok = PyThread_acquire_lock(self.lk, 0)
-        elif timeout == -1:
-            self.take()
+        if not self.held:
+            self.grab()
             return True
-        else:
-            us = <long long>(timeout * 1e6)
-            with nogil:
-                r = PyThread_acquire_lock_timed(self.lk, us, 0)
-            ok = r == PY_LOCK_ACQUIRED
-        if ok:
-            self.owner, self.depth = PyThread_get_thread_ident(), 1
-        return bool(ok)
+        if not blocking:
+            return False
+        return self.wait(-1 if timeout == -1 else <long long>(timeout * 1e6))
 
     def release(self):
         if not self.mine():
@@ -476,7 +508,7 @@ cdef class Lock:
         self.release()
 
     def __repr__(self):
-        return f"<mrkit lock {'locked' if self.depth else 'unlocked'}>"
+        return f"<mrkit lock {'locked' if self.held else 'unlocked'}>"
 
 
 cdef class Misses:
