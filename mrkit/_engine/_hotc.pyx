@@ -740,6 +740,7 @@ cdef class _Base:
         """Put a freed block (no longer live) in its stream's cache if the size is hot, else in the
         free list under the lock; rule 3 (publish, then validate) as in the Python build."""
         cdef StateFields st = self.state_of(stream)
+        cdef bint known = False  # st has no list for size, seen in this same step (GIL held)
         if st is not None:
             cache = st.cache
             if cache is not None:
@@ -751,11 +752,17 @@ cdef class _Base:
                         return 0
                     self.rescue(lst, size, stream)  # each block freed or deferred (rule 8)
                     return 0
+                known = True
         if not self.lock.try_take():  # rule 8: a free never waits for the lock; deferred
             self.deferred.append((ptr, size, stream))
             return 0
         try:
-            self.free_block_c(ptr, size, stream)
+            # No Python code ran since the look-up above (the GIL was held throughout): the state
+            # is still in the table and still has no list for size; free_block_c's steps after that.
+            if known and size not in st.rehot:
+                st.free.insert_c(ptr, size, self.boundaries)
+            else:
+                self.free_block_c(ptr, size, stream)
             if self.deferred:
                 self.arena.apply_deferred()
         finally:
