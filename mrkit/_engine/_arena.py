@@ -87,11 +87,10 @@ class _StateMethods:
             self._drain(old, boundaries)
 
     def _drain(self, old: dict, boundaries) -> None:
-        insert = self.free.insert
+        free = self.free
         for size, ptrs in old.items():  # only the lock adds keys
             if ptrs:
-                for p in drain(ptrs):
-                    insert(p, size, boundaries)
+                free.insert_drained(ptrs, size, boundaries)
 
     def take_cached(self, size: int, boundaries) -> int | None:
         """A cached block of a hot size ``>= size`` that fits better than the free list's best, split

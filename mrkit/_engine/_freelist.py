@@ -65,6 +65,12 @@ class FreeList:
             self.add(at + size, end - at - size)
         return at + size
 
+    def insert_drained(self, ptrs: list, size: int, boundaries) -> None:
+        """Pop every block of ``size`` out of ``ptrs`` (a cache list; atomic pops, see :func:`drain`)
+        and insert each (coalescing)."""
+        for p in drain(ptrs):
+            self.insert(p, size, boundaries)
+
     def insert(self, ptr: int, size: int, boundaries) -> None:
         """Add a block, coalescing it with free neighbours on both sides (never across a boundary)."""
         start, end = self.start, self.end

@@ -201,6 +201,13 @@ cdef class FreeList:
         """Add a block, coalescing it with free neighbours on both sides (never across a boundary)."""
         self.insert_c(ptr, size, boundaries)
 
+    def insert_drained(self, list ptrs not None, size, boundaries):
+        """Pop every block of ``size`` out of ``ptrs`` (a cache list) and insert each (coalescing): in
+        C, so no other thread runs in between and each block is taken by exactly one party."""
+        cdef u64 n = size
+        while ptrs:
+            self.insert_c(ptrs.pop(), n, boundaries)
+
     def take(self, size, spare=None):
         """Best fit: cut ``size`` bytes from a block of the smallest size that holds them; the block at
         ``spare`` only when nothing else fits. None when nothing fits."""
