@@ -80,6 +80,26 @@ cdef inline bint _as_u64(object x, u64 *out) except -1:
 
 cdef extern from *:
     """
+    /* Pop the last item of a list without shrinking its storage (list.pop gives it back when the
+       list empties, and grows it again at the next append: two reallocations per cache hit and
+       free on a list that holds one block). The list's reference becomes the caller's; None when
+       the list is empty (a cache list holds ints only). The GIL is held: no other thread runs. */
+    static inline PyObject *mrkit_list_pop_keep(PyObject *lst) {
+        Py_ssize_t n = PyList_GET_SIZE(lst);
+        if (n == 0) {
+            Py_INCREF(Py_None);
+            return Py_None;
+        }
+        PyObject *item = PyList_GET_ITEM(lst, n - 1);
+        Py_SET_SIZE(lst, n - 1);
+        return item;
+    }
+    """
+    object _pop_keep "mrkit_list_pop_keep"(list lst)
+
+
+cdef extern from *:
+    """
     #include <iterator>
     #include <map>
     #include <set>
@@ -163,11 +183,19 @@ cdef class FreeList:
 
     cdef object take_c(self, u64 size, object spare):
         """Best fit (see :meth:`take`); the start of the block, or None."""
-        cdef cset[SizePtr].iterator it = self.by_size.lower_bound(SizePtr(size, 0)), nx
-        cdef u64 sp, bsize, ptr
-        if it == self.by_size.end():
+        cdef u64 sp = 0, ptr
+        cdef bint has_spare = spare is not None and _as_u64(spare, &sp)
+        if not self.take_u(size, has_spare, sp, &ptr):
             return None
-        if spare is not None and _as_u64(spare, &sp) and deref(it).second == sp:
+        return ptr
+
+    cdef bint take_u(self, u64 size, bint has_spare, u64 sp, u64 *out):
+        """:meth:`take_c` in C values: true and the start of the block in ``out``, else false."""
+        cdef cset[SizePtr].iterator it = self.by_size.lower_bound(SizePtr(size, 0)), nx
+        cdef u64 bsize, ptr
+        if it == self.by_size.end():
+            return False
+        if has_spare and deref(it).second == sp:
             nx = it
             inc(nx)
             if nx != self.by_size.end():  # another block of the size, else the next size up
@@ -179,7 +207,8 @@ cdef class FreeList:
         else:
             self.by_size.erase(it)
             self.by_addr.erase(ptr)
-        return ptr
+        out[0] = ptr
+        return True
 
     cdef inline u64 fits_c(self, u64 size):
         """The smallest free size that holds ``size``, or 0."""
@@ -206,7 +235,7 @@ cdef class FreeList:
         C, so no other thread runs in between and each block is taken by exactly one party."""
         cdef u64 n = size
         while ptrs:
-            self.insert_c(ptrs.pop(), n, boundaries)
+            self.insert_c(_pop_keep(ptrs), n, boundaries)
 
     def take(self, size, spare=None):
         """Best fit: cut ``size`` bytes from a block of the smallest size that holds them; the block at
@@ -271,11 +300,19 @@ cdef class FreeList:
         return None if it == self.by_addr.end() else deref(it).second
 
     cdef object ending_at_c(self, u64 e):
+        cdef u64 p
+        return p if self.ending_at_u(e, &p) else None
+
+    cdef bint ending_at_u(self, u64 e, u64 *out):
+        """Whether a free block ends at ``e`` (its start in ``out``)."""
         cdef cmap[u64, u64].iterator it = self.by_addr.lower_bound(e)
         if it == self.by_addr.begin():
-            return None
+            return False
         dec(it)
-        return deref(it).first if deref(it).first + deref(it).second == e else None
+        if deref(it).first + deref(it).second != e:
+            return False
+        out[0] = deref(it).first
+        return True
 
     def ending_at(self, end):
         """The start of the free block that ends at ``end``, or None."""
@@ -566,6 +603,7 @@ cdef class _Base:
     cdef dict cov_end
     cdef u64 base, page
     cdef StateFields last_state  # see state_of
+    cdef object memo_n, memo_size  # the last request seen and its cache size (see size_of)
 
     def __init__(self, arena):
         self.arena, self.find, self.boundaries = arena, arena.find, arena.boundaries
@@ -606,6 +644,22 @@ cdef class _Base:
         self.last_state = <StateFields>st
         return <StateFields>st
 
+    cdef inline object size_of(self, object nbytes):
+        """``_fast_rounded(nbytes)``, remembered for the last request: a loop that asks for the same
+        int object again (a pair, a training step's sizes) makes no new int for its size."""
+        if nbytes is self.memo_n:
+            return self.memo_size
+        size = _fast_rounded(nbytes)
+        if size is not None:
+            self.memo_n, self.memo_size = nbytes, size  # one step: no other thread runs in between
+        return size
+
+    cdef inline object freed_size(self, object nbytes):
+        """``_rounded(nbytes)`` for a free (``nbytes`` an exact int), remembered as :meth:`size_of`."""
+        if nbytes is self.memo_n:
+            return self.memo_size
+        return _rounded(nbytes)
+
     cdef inline object cached_pop(self, object stream, object size):
         """A block of ``size`` from ``stream``'s cache, lock-free, or None."""
         cdef StateFields st = self.state_of(stream)
@@ -615,18 +669,17 @@ cdef class _Base:
         if cache is None:  # retired
             return None
         lst = (<dict>cache).get(size)
-        if not lst:
+        if lst is None:
             return None
-        try:
-            return (<list>lst).pop()
-        except IndexError:  # another thread took the last one
-            return None
+        return _pop_keep(<list>lst)  # None when empty (another thread may have taken the last one)
 
     cdef object take_c(self, object size, object stream):
         """``Arena.take`` (lock held) for a stream with a state: the default placement compiled
         (``StreamState.best_fit``), else the source's ``fit`` and ``prepare``; ``Arena.find`` when the
         fit fails, then ``missed_again``. A stream without a state: the arena's own."""
-        cdef u64 n
+        cdef u64 n, top = 0, p
+        cdef bint has_top
+        cdef FreeList free
         cdef StateFields st = self.state_of(stream)
         if st is None:
             return self.take(size, stream)
@@ -642,11 +695,17 @@ cdef class _Base:
         elif self.pages_fit and (self.live or self.aligned) and not st.cached_c() and _as_u64(size, &n):
             # the source's plain placement (ChunkSource.plain_pages), step for step: best fit keeping
             # the block that ends at the top for last; pages mapped only where missing
-            ptr = st.free.take_c(n, st.free.ending_at_c(self.source.top))
-            if ptr is None:
+            free = st.free
+            has_top = free.ending_at_u(<u64>self.source.top, &top)
+            if free.take_u(n, has_top, top, &p):
+                if self.covered_u(p, n):
+                    ptr = p  # the usual case: nothing to map
+                else:
+                    ptr = self.prepare(self.arena, p, size, stream)
+            else:
                 ptr = self.find(size, stream, True)
-            if not self.covered(ptr, n):
-                ptr = self.prepare(self.arena, ptr, size, stream)
+                if not self.covered(ptr, n):
+                    ptr = self.prepare(self.arena, ptr, size, stream)
         else:
             ptr = self.fit(self.arena, st, size)
             if ptr is None:
@@ -657,9 +716,11 @@ cdef class _Base:
         return ptr
 
     cdef bint covered(self, object ptr, u64 n) except -1:
-        """Whether every page of ``[ptr, ptr + n)`` is in the source's coverage (``_Coverage.covers``:
+        return self.covered_u(ptr, n)
+
+    cdef bint covered_u(self, u64 p, u64 n) except -1:
+        """Whether every page of ``[p, p + n)`` is in the source's coverage (``_Coverage.covers``:
         one bisection, its ranges being coalesced)."""
-        cdef u64 p = ptr
         cdef u64 lo = (p - self.base) // self.page, hi = (p + n - 1 - self.base) // self.page + 1
         cdef list starts = self.cov_starts
         cdef Py_ssize_t a = 0, b = len(starts), mid
@@ -697,10 +758,7 @@ cdef class _Base:
                 return None
             lst = cache.get(key)
             if lst:
-                try:
-                    ptr = (<list>lst).pop()
-                except IndexError:  # a lock-free hit took the last one
-                    continue
+                ptr = _pop_keep(<list>lst)
                 if s > n:
                     free.insert_c(<u64>ptr + n, s - n, self.boundaries)
                 return ptr
@@ -816,7 +874,7 @@ cdef class PlainPaths(_Base):
             stream = self.to_stream(stream)
         if alignment is not _DEFAULT:
             return self.allocate_slow(nbytes, stream, alignment)
-        size = _fast_rounded(nbytes)
+        size = self.size_of(nbytes)
         if size is None:
             return self.allocate_slow(nbytes, stream, alignment)
         ptr = self.cached_pop(stream, size)
@@ -840,7 +898,7 @@ cdef class PlainPaths(_Base):
                 self.live[ptr] = n
             self.locked_free(ptr, nbytes, stream, alignment)
             return
-        self.cache_or_free(ptr, _rounded(nbytes), stream)
+        self.cache_or_free(ptr, self.freed_size(nbytes), stream)
 
 
 cdef class CountingPaths(_Base):
@@ -872,7 +930,7 @@ cdef class CountingPaths(_Base):
         """Allocate as the arena does, and count it."""
         if type(stream) is not _Stream:
             stream = self.to_stream(stream)
-        size = _fast_rounded(nbytes) if alignment is _DEFAULT else None
+        size = self.size_of(nbytes) if alignment is _DEFAULT else None
         if size is None:
             ptr = self.allocate_slow(nbytes, stream, alignment)
             if ptr:
@@ -908,7 +966,7 @@ cdef class CountingPaths(_Base):
             self.events.append(-nbytes)
             if len(self.events) > self.limit:
                 self.on_full()
-        self.cache_or_free(ptr, _rounded(nbytes), stream)
+        self.cache_or_free(ptr, self.freed_size(nbytes), stream)
 
 
 cdef class HookPaths(_Base):
@@ -951,7 +1009,7 @@ cdef class HookPaths(_Base):
         if nbytes is None:  # cannot happen while ``where`` and ``live`` agree; the lock decides
             self.locked_free(ptr, -1, stream, 256)
             return 0
-        self.cache_or_free(ptr, _rounded(nbytes), stream)
+        self.cache_or_free(ptr, self.freed_size(nbytes), stream)
         return 0
 
     def malloc(self, nbytes, device_id):
