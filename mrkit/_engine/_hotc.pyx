@@ -712,7 +712,7 @@ cdef class _Base:
                 ptr = self.find(size, stream, True)
             if self.prepare is not None:
                 ptr = self.prepare(self.arena, ptr, size, stream)
-        self.missed_again(size, stream)
+        self.missed_again(size, stream, st)
         return ptr
 
     cdef bint covered(self, object ptr, u64 n) except -1:
@@ -764,10 +764,14 @@ cdef class _Base:
                 return ptr
         return None
 
-    cdef int missed_again(self, object size, object stream) except -1:
+    cdef int missed_again(self, object size, object stream, StateFields st) except -1:
         """The end of ``Arena.take`` (lock held): the miss counted, and the size made hot for the stream
-        when it missed again within the source's ``hot_distance``."""
+        when it missed again within the source's ``hot_distance``. ``st``: the stream's state as the
+        take found it; when it is still attached (a state leaves the table only retired, its cache
+        None) and already has a list for the size, ``register`` would change nothing."""
         if self.missed.note_c(<u64>size):
+            if st is not None and st.cache is not None and size in <dict>st.cache:
+                return 0
             self.arena.state(stream).register(size, self.boundaries)
         return 0
 
