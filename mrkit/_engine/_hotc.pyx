@@ -192,7 +192,6 @@ cdef class FreeList:
     cdef bint take_u(self, u64 size, bint has_spare, u64 sp, u64 *out):
         """:meth:`take_c` in C values: true and the start of the block in ``out``, else false."""
         cdef cset[SizePtr].iterator it = self.by_size.lower_bound(SizePtr(size, 0)), nx
-        cdef u64 bsize, ptr
         if it == self.by_size.end():
             return False
         if has_spare and deref(it).second == sp:
@@ -200,6 +199,19 @@ cdef class FreeList:
             inc(nx)
             if nx != self.by_size.end():  # another block of the size, else the next size up
                 it = nx
+        out[0] = self.cut_at(it, size)
+        return True
+
+    cdef inline cset[SizePtr].iterator best_c(self, u64 size):
+        """Where best fit for ``size`` would cut (``by_size.end()``: nothing fits)."""
+        return self.by_size.lower_bound(SizePtr(size, 0))
+
+    cdef inline bint is_end(self, cset[SizePtr].iterator it):
+        return it == self.by_size.end()
+
+    cdef u64 cut_at(self, cset[SizePtr].iterator it, u64 size):
+        """Take ``size`` bytes from the start of the free block at ``it`` (which holds them); its start."""
+        cdef u64 bsize, ptr
         bsize, ptr = deref(it).first, deref(it).second
         self.free_bytes -= size
         if bsize > size:  # the remainder keeps the block's nodes (its neighbours are not free)
@@ -207,8 +219,7 @@ cdef class FreeList:
         else:
             self.by_size.erase(it)
             self.by_addr.erase(ptr)
-        out[0] = ptr
-        return True
+        return ptr
 
     cdef inline u64 fits_c(self, u64 size):
         """The smallest free size that holds ``size``, or 0."""
@@ -686,10 +697,7 @@ cdef class _Base:
         ptr = None
         if self.default_fit:
             if _as_u64(size, &n):  # else nothing fits
-                if st.hot:
-                    ptr = self.take_cached(st, n)
-                if ptr is None:
-                    ptr = st.free.take_c(n, None)
+                ptr = self.best_fit(st, n)
             if ptr is None:
                 ptr = self.find(size, stream, True)
         elif self.pages_fit and (self.live or self.aligned) and not st.cached_c() and _as_u64(size, &n):
@@ -738,17 +746,29 @@ cdef class _Base:
         cdef u64 end = self.cov_end[first]
         return end >= hi
 
-    cdef object take_cached(self, StateFields st, u64 n):
-        """``StreamState.take_cached`` for ``n`` bytes (lock held)."""
+    cdef object best_fit(self, StateFields st, u64 n):
+        """``StreamState.best_fit`` for ``n`` bytes (lock held): the free list searched once, for both
+        the cached sizes worth a look and the block cut when none serves."""
+        cdef FreeList free = st.free
+        cdef cset[SizePtr].iterator it = free.best_c(n)
+        cdef u64 best = (1ULL << 62) if free.is_end(it) else deref(it).first
+        if st.hot:
+            ptr = self.take_cached(st, n, best)
+            if ptr is not None:  # else nothing changed: it still points at the best fit
+                return ptr
+        if free.is_end(it):
+            return None
+        return free.cut_at(it, n)
+
+    cdef object take_cached(self, StateFields st, u64 n, u64 best):
+        """``StreamState.take_cached`` for ``n`` bytes (lock held), ``best`` the free list's best fit
+        (``1 << 62`` when nothing fits)."""
         cdef list hot = st.hot
         cdef Py_ssize_t j = _bisect(hot, n), k, stop
-        cdef u64 best, s
+        cdef u64 s
         if j == len(hot):
             return None
         cdef FreeList free = st.free
-        best = free.fits_c(n)
-        if best == 0:
-            best = 1ULL << 62
         cdef dict cache = <dict>st.cache
         stop = min(j + _CACHE_WINDOW, len(hot))
         for k in range(j, stop):
