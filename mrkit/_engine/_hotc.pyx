@@ -452,7 +452,7 @@ cdef class Lock:
     and written only with the GIL held, so taking a free lock and giving it back are a few C stores:
     no call into the operating system and no clock read (CPython's own lock reads the monotonic clock on
     every acquire, even a non-blocking one). A thread that finds it held waits, without the GIL, on a
-    gate (CPython's lock, used as a semaphore): every give while a thread waits opens the gate once,
+    gate (a CPython lock, closed while no wakeup is pending): every give while a thread waits opens it,
     and a woken thread takes the lock if it is free, else waits again (no wakeup is lost: a waiter
     counts itself before it sleeps, and whoever holds the lock then opens the gate when giving it).
 
@@ -473,7 +473,8 @@ cdef class Lock:
 
     def __dealloc__(self):
         if self.gate is not NULL:
-            PyThread_release_lock(self.gate)  # a lock is freed unlocked
+            PyThread_acquire_lock(self.gate, 0)  # closed, whether a give had opened it or not,
+            PyThread_release_lock(self.gate)     # then freed unlocked
             PyThread_free_lock(self.gate)
 
     cdef inline bint mine(self):
@@ -525,8 +526,9 @@ cdef class Lock:
 
     cdef inline void give(self):
         self.held, self.depth, self.owner = False, 0, 0
-        if self.waiters:
-            PyThread_release_lock(self.gate)  # wake one waiter (an open gate stays open)
+        if self.waiters:  # wake one waiter: the gate opened exactly once, whether it was open or not
+            PyThread_acquire_lock(self.gate, 0)  # (releasing an open lock is not defined everywhere)
+            PyThread_release_lock(self.gate)
 
     def acquire(self, blocking=True, timeout=-1):
         """Take the lock (``threading.RLock.acquire``'s arguments); whether it was taken."""
