@@ -330,3 +330,33 @@ def test_cache_hits_hold_each_pointer_once(sim):
     assert sys.getrefcount(again) - 1 == 2 and len(cached) == 2
     pool.deallocate(again, 4096, s)
     pool.release()
+
+
+@pytest.mark.parametrize("core", ["compiled", "python"])
+def test_a_free_after_a_flush_never_lands_in_the_old_cache_list(sim, core):
+    """The compiled paths remember the last cache list they found, by the cache dict's identity: a
+    flush swaps the dict, so the next free of that size goes to the new dict's list (or the free list),
+    never to the detached one, and every byte goes back upstream."""
+    if core == "compiled" and _hotc is None:
+        pytest.skip("the compiled core is not built here")
+    import contextlib
+    from mrkit._engine import python_core
+    with python_core() if core == "python" else contextlib.nullcontext():
+        upstream = mrkit.DeviceMemoryResource(0, driver=sim)
+        pool = mrkit.PoolResource(upstream)
+    s, n = mrkit.DEFAULT_STREAM, 4096
+    for _ in range(4):  # hot, then hits and frees through the remembered list
+        pool.deallocate(pool.allocate(n, s), n, s)
+    st_ = pool.arena.states[s.uid]
+    old = st_.cache[n]
+    p = pool.allocate(n, s)
+    with pool.arena.lock:
+        st_.flush(pool.arena.boundaries, keep=True)  # a new dict, with a new (empty) list for n
+    assert st_.cache[n] is not old
+    pool.deallocate(p, n, s)
+    assert old == [] and st_.cache[n] == [p]
+    q = pool.allocate(n, s)
+    assert q == p and st_.cache[n] == []
+    pool.deallocate(q, n, s)
+    pool.release()
+    assert pool.pool_size == 0 and upstream.live_bytes == 0

@@ -617,6 +617,7 @@ cdef class _Base:
     cdef u64 base, page
     cdef StateFields last_state  # see state_of
     cdef object memo_n, memo_size  # the last request seen and its cache size (see size_of)
+    cdef object memo_cache, memo_key, memo_list  # the last cache list found (see list_of)
 
     def __init__(self, arena):
         self.arena, self.find, self.boundaries = arena, arena.find, arena.boundaries
@@ -681,10 +682,22 @@ cdef class _Base:
         cache = st.cache
         if cache is None:  # retired
             return None
-        lst = (<dict>cache).get(size)
+        lst = self.list_of(cache, size)
         if lst is None:
             return None
         return _pop_keep(<list>lst)  # None when empty (another thread may have taken the last one)
+
+    cdef inline object list_of(self, object cache, object size):
+        """``cache.get(size)``, remembered for the last cache dict and size object that had a list: a
+        cache dict never loses or replaces a list (only ``register`` adds one, and a flush swaps the
+        whole dict), so while ``cache`` is that dict the list is that list. The dict is held, so its
+        identity cannot be reused."""
+        if cache is self.memo_cache and size is self.memo_key:
+            return self.memo_list
+        lst = (<dict>cache).get(size)
+        if lst is not None:
+            self.memo_cache, self.memo_key, self.memo_list = cache, size, lst  # one step (GIL held)
+        return lst
 
     cdef object take_c(self, object size, object stream):
         """``Arena.take`` (lock held) for a stream with a state: the default placement compiled
@@ -835,7 +848,7 @@ cdef class _Base:
         if st is not None:
             cache = st.cache
             if cache is not None:
-                lst = (<dict>cache).get(size)
+                lst = self.list_of(cache, size)
                 if lst is not None:
                     (<list>lst).append(ptr)
                     st.maybe_cached = True
