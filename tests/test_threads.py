@@ -57,9 +57,11 @@ def _worker(mr, stream, seed, ops, errors, handed, hlock, sizes=(256, 4096, 6553
         errors.append(exc)
 
 
-def _run(mr, drv, threads, ops, churn, sizes=(256, 4096, 65536, MiB), period=0.0):
-    """``threads`` workers, each on its own stream, and one thread calling ``churn()`` in a loop."""
-    streams = [Stream.create(driver=drv) for _ in range(threads)]
+def _run(mr, drv, threads, ops, churn, sizes=(256, 4096, 65536, MiB), period=0.0, streams=None):
+    """``threads`` workers, each on its own stream (made here unless given), and one thread calling
+    ``churn()`` in a loop."""
+    if streams is None:
+        streams = [Stream.create(driver=drv) for _ in range(threads)]
     errors: list = []
     handed: set = set()
     hlock = threading.Lock()
@@ -126,6 +128,33 @@ def test_hot_and_cold_sizes_racing_release_lose_nothing():
     _conserve(pool, lambda: sum(s for _, s, k in drv.regions() if k == "device"))
     for s in streams:
         s.close()
+
+
+def test_states_retired_by_release_while_their_threads_run_lose_nothing(monkeypatch):
+    """Streams mrkit cannot prove alive (raw handles) have their states retired by every ``release()``
+    (their memory is covered by a device synchronise instead); four threads keep allocating and freeing
+    on them, hot and cold sizes, while release() runs in a loop. The compiled paths keep the last stream
+    state and cache list they found and must see each retirement: nothing is handed out twice and every
+    byte goes back upstream."""
+    drv = SimDriver([SimDeviceSpec(total_memory=1 << 30)])
+    pool = PoolResource(CudaMemoryResource(driver=drv))
+    handles = [drv.stream_create(0) for _ in range(4)]
+    streams = [Stream.wrap(h, driver=drv) for h in handles]
+    assert all(s.alive is None for s in streams)
+    from mrkit._engine import _arena
+    retired, retire = [0], _arena._StateMethods.retire
+
+    def counted(self, boundaries):
+        retired[0] += 1
+        retire(self, boundaries)
+    monkeypatch.setattr(_arena._StateMethods, "retire", counted)
+    rng = random.Random(5)
+    cold = tuple(rng.randrange(1, 16 * MiB) for _ in range(5000))
+    _run(pool, drv, threads=4, ops=1500, churn=pool.release, sizes=(4096, 65536) * 2500 + cold, streams=streams)
+    assert retired[0] >= 8, retired  # the workers' states were retired again and again meanwhile
+    _conserve(pool, lambda: sum(s for _, s, k in drv.regions() if k == "device"))
+    for h in handles:
+        drv.stream_destroy(h)
 
 
 def test_out_of_memory_reclaim_racing_allocation_loses_nothing():
