@@ -47,6 +47,7 @@ cdef extern from "Python.h":
 
 ctypedef unsigned long long u64
 ctypedef pair[u64, u64] SizePtr
+ctypedef cset[SizePtr].iterator SizeIt  # a free block's node in a FreeList's size tree
 
 
 cdef inline Py_ssize_t _bisect(list a, u64 v) except -1:
@@ -105,76 +106,77 @@ cdef extern from *:
     #include <set>
     #include <utility>
     /* Move a free block to (ptr, size), reusing both of its tree nodes (no allocation): the size
-       tree's node is re-keyed and re-inserted; the address tree's node keeps its place when ptr is
-       unchanged (its size is updated in place), else it is re-keyed and re-inserted at its old
-       place (the caller guarantees no other block starts between the old and the new ptr). */
+       tree's node is re-keyed and re-inserted, and the address tree's entry points at it again; the
+       address tree's node keeps its place when ptr is unchanged, else it is re-keyed and re-inserted
+       at its old place (the caller guarantees no other block starts between the old and the new
+       ptr). */
     template <class S, class A>
     static inline void mrkit_fl_move(S &by_size, A &by_addr, typename S::iterator sit,
                                      typename A::iterator ait, unsigned long long ptr,
                                      unsigned long long size) {
         auto sn = by_size.extract(sit);
         sn.value() = std::make_pair(size, ptr);
-        by_size.insert(std::move(sn));
+        auto pos = by_size.insert(std::move(sn)).position;
         if (ait->first == ptr) {
-            ait->second = size;
+            ait->second = pos;
         } else {
             auto hint = std::next(ait);
             auto an = by_addr.extract(ait);
             an.key() = ptr;
-            an.mapped() = size;
+            an.mapped() = pos;
             by_addr.insert(hint, std::move(an));
         }
     }
     """
-    void _fl_move "mrkit_fl_move"(cset[SizePtr]& by_size, cmap[u64, u64]& by_addr,
-                                  cset[SizePtr].iterator sit, cmap[u64, u64].iterator ait, u64 ptr, u64 size)
+    void _fl_move "mrkit_fl_move"(cset[SizePtr]& by_size, cmap[u64, SizeIt]& by_addr,
+                                  SizeIt sit, cmap[u64, SizeIt].iterator ait, u64 ptr, u64 size)
 
 
 cdef class FreeList:
     """The compiled twin of :class:`mrkit._engine._freelist.FreeList`: the same methods and answers,
     over two C++ trees: ``by_size`` (``(size, ptr)`` pairs, ordered: best fit, the lowest address
-    first among one size, is one ``lower_bound``) and ``by_addr`` (``ptr -> size``, ordered: both
-    neighbours of a block for coalescing). No Python object per free block. Touched only under its
-    arena's lock."""
+    first among one size, is one ``lower_bound``) and ``by_addr`` (``ptr ->`` the block's node in
+    ``by_size``, ordered: both neighbours of a block for coalescing, each with its size and its size
+    node at hand, so a join needs no search of ``by_size``). No Python object per free block. Touched
+    only under its arena's lock."""
     cdef cset[SizePtr] by_size
-    cdef cmap[u64, u64] by_addr
+    cdef cmap[u64, SizeIt] by_addr
     cdef u64 free_bytes
 
     def __len__(self):
         return self.by_addr.size()
 
     cdef inline void add_c(self, u64 ptr, u64 size):
-        self.by_size.insert(SizePtr(size, ptr))
-        self.by_addr[ptr] = size
+        self.by_addr[ptr] = self.by_size.insert(SizePtr(size, ptr)).first
         self.free_bytes += size
 
-    cdef inline void remove_c(self, u64 ptr, u64 size):
-        self.by_size.erase(SizePtr(size, ptr))
-        self.by_addr.erase(ptr)
-        self.free_bytes -= size
+    cdef inline void remove_at(self, cmap[u64, SizeIt].iterator ait):
+        """Remove the free block at ``ait`` (an entry of ``by_addr``)."""
+        self.free_bytes -= deref(deref(ait).second).first
+        self.by_size.erase(deref(ait).second)
+        self.by_addr.erase(ait)
 
     cdef int insert_c(self, u64 ptr, u64 size, object boundaries) except -1:
         """Add a block, coalescing it with its free neighbours (never across a boundary); a block
         that joins a neighbour takes over that neighbour's tree nodes."""
         cdef u64 nxt = ptr + size, p = 0, n = 0, psize = 0
-        cdef cmap[u64, u64].iterator nit = self.by_addr.find(nxt), pit
+        cdef cmap[u64, SizeIt].iterator nit = self.by_addr.find(nxt), pit
         cdef bint join_next = nit != self.by_addr.end() and not _boundary(boundaries, nxt)
         cdef bint join_prev = False
         if join_next:
-            n = deref(nit).second
+            n = deref(deref(nit).second).first
         pit = self.by_addr.lower_bound(ptr)
         if pit != self.by_addr.begin():
             dec(pit)
-            p, psize = deref(pit).first, deref(pit).second
+            p, psize = deref(pit).first, deref(deref(pit).second).first
             join_prev = p + psize == ptr and not _boundary(boundaries, ptr)
         if join_prev:  # the previous block grows in place (and swallows the next one)
             if join_next:
-                self.by_size.erase(SizePtr(n, nxt))
+                self.by_size.erase(deref(nit).second)
                 self.by_addr.erase(nit)
-            _fl_move(self.by_size, self.by_addr, self.by_size.find(SizePtr(psize, p)), pit, p,
-                     psize + size + n)
+            _fl_move(self.by_size, self.by_addr, deref(pit).second, pit, p, psize + size + n)
         elif join_next:  # the next block grows downwards
-            _fl_move(self.by_size, self.by_addr, self.by_size.find(SizePtr(n, nxt)), nit, ptr, size + n)
+            _fl_move(self.by_size, self.by_addr, deref(nit).second, nit, ptr, size + n)
         else:
             self.add_c(ptr, size)
             return 0
@@ -217,8 +219,8 @@ cdef class FreeList:
         if bsize > size:  # the remainder keeps the block's nodes (its neighbours are not free)
             _fl_move(self.by_size, self.by_addr, it, self.by_addr.find(ptr), ptr + size, bsize - size)
         else:
-            self.by_size.erase(it)
             self.by_addr.erase(ptr)
+            self.by_size.erase(it)
         return ptr
 
     cdef inline u64 fits_c(self, u64 size):
@@ -232,10 +234,10 @@ cdef class FreeList:
 
     def remove(self, ptr, size):
         """Remove the free block ``[ptr, ptr + size)`` (it must be one: else KeyError)."""
-        cdef cmap[u64, u64].iterator it = self.by_addr.find(ptr)
-        if it == self.by_addr.end() or deref(it).second != <u64>size:
+        cdef cmap[u64, SizeIt].iterator it = self.by_addr.find(ptr)
+        if it == self.by_addr.end() or deref(deref(it).second).first != <u64>size:
             raise KeyError(ptr)
-        self.remove_c(ptr, size)
+        self.remove_at(it)
 
     def insert(self, ptr, size, boundaries):
         """Add a block, coalescing it with free neighbours on both sides (never across a boundary)."""
@@ -268,12 +270,12 @@ cdef class FreeList:
         """Take ``[at, at + size)`` out of the free block that starts at ``block``; the rest stays
         free. Returns ``at + size``."""
         cdef u64 b = block, a = at, n = size, bsize, end
-        cdef cmap[u64, u64].iterator it = self.by_addr.find(b)
+        cdef cmap[u64, SizeIt].iterator it = self.by_addr.find(b)
         if it == self.by_addr.end():
             raise KeyError(block)
-        bsize = deref(it).second
+        bsize = deref(deref(it).second).first
         end = b + bsize
-        self.remove_c(b, bsize)
+        self.remove_at(it)
         if a > b:
             self.add_c(b, a - b)
         if end > a + n:
@@ -299,7 +301,11 @@ cdef class FreeList:
 
     def items(self):
         """Every free block as ``(ptr, size)``, lowest address first."""
-        cdef vector[SizePtr] got = vector[SizePtr](self.by_addr.begin(), self.by_addr.end())
+        cdef vector[SizePtr] got
+        cdef cmap[u64, SizeIt].iterator it = self.by_addr.begin()
+        while it != self.by_addr.end():
+            got.push_back(SizePtr(deref(it).first, deref(deref(it).second).first))
+            inc(it)
         return [(e.first, e.second) for e in got]
 
     def size_at(self, ptr):
@@ -307,8 +313,8 @@ cdef class FreeList:
         cdef u64 p
         if not _as_u64(ptr, &p):
             return None
-        cdef cmap[u64, u64].iterator it = self.by_addr.find(p)
-        return None if it == self.by_addr.end() else deref(it).second
+        cdef cmap[u64, SizeIt].iterator it = self.by_addr.find(p)
+        return None if it == self.by_addr.end() else deref(deref(it).second).first
 
     cdef object ending_at_c(self, u64 e):
         cdef u64 p
@@ -316,11 +322,11 @@ cdef class FreeList:
 
     cdef bint ending_at_u(self, u64 e, u64 *out):
         """Whether a free block ends at ``e`` (its start in ``out``)."""
-        cdef cmap[u64, u64].iterator it = self.by_addr.lower_bound(e)
+        cdef cmap[u64, SizeIt].iterator it = self.by_addr.lower_bound(e)
         if it == self.by_addr.begin():
             return False
         dec(it)
-        if deref(it).first + deref(it).second != e:
+        if deref(it).first + deref(deref(it).second).first != e:
             return False
         out[0] = deref(it).first
         return True
