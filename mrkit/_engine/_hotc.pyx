@@ -4,8 +4,11 @@
 
 The same three variants as :mod:`mrkit._engine._hot` (the Python build), step for step, so both builds
 keep one semantics: the lock-free part uses only single operations on built-in objects, each done
-under the GIL as one C call (``states.get``, a cache list's ``pop``/``append``, ``live[ptr] = n``,
-``live.pop(ptr)``); every other step is the arena's own Python code under ``arena.lock``.
+under the GIL as one C step (``states.get``, a cache list's ``pop``/``append``, ``live[ptr] = n``,
+``live.pop(ptr)``); every other step is the arena's own Python code under ``arena.lock``. What the
+compiled paths remember between calls (the last stream state, request size and cache list found) is
+checked on every use against what it stands for (a state not retired, the same int object, the same
+cache dict), so it only ever saves a look-up.
 
 :class:`CHooks` adds allocator hooks callable from C (``void *malloc(void *self, size_t n, int
 device)``, ``void free(void *self, void *ptr, int device)``), the signature of CuPy's
@@ -13,12 +16,13 @@ device)``, ``void free(void *self, void *ptr, int device)``), the signature of C
 
 The locked miss path is compiled too: :class:`FreeList` (the twin of :mod:`mrkit._engine._freelist`:
 the same methods and answers, over C++ trees), :class:`StateFields` (a stream's state as C fields),
-:class:`Lock` (its state C fields under the GIL, knowing its owner; waiters sleep on a gate), :class:`Misses` and, in :class:`_Base`,
-the arena's ``take`` for sources with the default placement or the plain placement over pages
-(``ChunkSource.plain_pages``: the VMM without a footprint limit), the miss count that makes a size
-hot, and its ``free_block`` (twins of :class:`~mrkit._engine._arena.Arena`'s, step for step). Anything else (a
-source's own ``fit`` or ``prepare``, a stream with no state yet, growth, stealing, the out-of-memory
-reclaim) is the arena's Python code.
+:class:`Lock` (its state C fields under the GIL, knowing its owner; waiters sleep on a gate),
+:class:`Misses`, :class:`Boundaries` and, in :class:`_Base`, the arena's ``take`` for sources with
+the default placement or the plain placement over pages (``ChunkSource.plain_pages``: the VMM without
+a footprint limit), the miss count that makes a size hot, and its ``free_block`` (twins of
+:class:`~mrkit._engine._arena.Arena`'s, step for step). Anything else (a source's own ``fit`` or
+``prepare``, a stream with no state yet, growth, stealing, the out-of-memory reclaim) is the arena's
+Python code.
 """
 from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.ref cimport PyObject
