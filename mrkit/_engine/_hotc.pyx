@@ -187,16 +187,8 @@ cdef class FreeList:
         self.free_bytes += size
         return 0
 
-    cdef object take_c(self, u64 size, object spare):
-        """Best fit (see :meth:`take`); the start of the block, or None."""
-        cdef u64 sp = 0, ptr
-        cdef bint has_spare = spare is not None and _as_u64(spare, &sp)
-        if not self.take_u(size, has_spare, sp, &ptr):
-            return None
-        return ptr
-
     cdef bint take_u(self, u64 size, bint has_spare, u64 sp, u64 *out):
-        """:meth:`take_c` in C values: true and the start of the block in ``out``, else false."""
+        """:meth:`take` in C values: true and the start of the block in ``out``, else false."""
         cdef cset[SizePtr].iterator it = self.by_size.lower_bound(SizePtr(size, 0)), nx
         if it == self.by_size.end():
             return False
@@ -227,11 +219,6 @@ cdef class FreeList:
             self.by_size.erase(it)
         return ptr
 
-    cdef inline u64 fits_c(self, u64 size):
-        """The smallest free size that holds ``size``, or 0."""
-        cdef cset[SizePtr].iterator it = self.by_size.lower_bound(SizePtr(size, 0))
-        return 0 if it == self.by_size.end() else deref(it).first
-
     def add(self, ptr, size):
         """Add a block without coalescing."""
         self.add_c(ptr, size)
@@ -257,18 +244,20 @@ cdef class FreeList:
     def take(self, size, spare=None):
         """Best fit: cut ``size`` bytes from a block of the smallest size that holds them; the block at
         ``spare`` only when nothing else fits. None when nothing fits."""
-        cdef u64 n
+        cdef u64 n, sp = 0, ptr
         if not _as_u64(size, &n):
             return None
-        return self.take_c(n, spare)
+        if not self.take_u(n, spare is not None and _as_u64(spare, &sp), sp, &ptr):
+            return None
+        return ptr
 
     def fits(self, size):
         """The smallest free size that holds ``size``, or None."""
         cdef u64 n
         if not _as_u64(size, &n):
             return None
-        n = self.fits_c(n)
-        return None if n == 0 else n
+        cdef cset[SizePtr].iterator it = self.best_c(n)
+        return None if self.is_end(it) else deref(it).first
 
     def cut(self, block, at, size):
         """Take ``[at, at + size)`` out of the free block that starts at ``block``; the rest stays
@@ -320,10 +309,6 @@ cdef class FreeList:
         cdef cmap[u64, SizeIt].iterator it = self.by_addr.find(p)
         return None if it == self.by_addr.end() else deref(deref(it).second).first
 
-    cdef object ending_at_c(self, u64 e):
-        cdef u64 p
-        return p if self.ending_at_u(e, &p) else None
-
     cdef bint ending_at_u(self, u64 e, u64 *out):
         """Whether a free block ends at ``e`` (its start in ``out``)."""
         cdef cmap[u64, SizeIt].iterator it = self.by_addr.lower_bound(e)
@@ -337,10 +322,10 @@ cdef class FreeList:
 
     def ending_at(self, end):
         """The start of the free block that ends at ``end``, or None."""
-        cdef u64 e
-        if not _as_u64(end, &e):
+        cdef u64 e, p
+        if not _as_u64(end, &e) or not self.ending_at_u(e, &p):
             return None
-        return self.ending_at_c(e)
+        return p
 
     def absorb(self, FreeList other, boundaries):
         """Merge ``other`` into whichever of the two is larger and return that one."""
@@ -379,7 +364,7 @@ cdef class Boundaries:
 
     def __contains__(self, b):
         cdef u64 v
-        return _as_u64(b, &v) and self.bases.count(v) != 0
+        return _as_u64(b, &v) and self.has(v)
 
     def __len__(self):
         return self.bases.size()
@@ -395,7 +380,7 @@ cdef class Boundaries:
 cdef inline bint _boundary(object boundaries, u64 b) except -1:
     """Whether ``b`` is in ``boundaries`` (a :class:`Boundaries`, or any container: a test's set)."""
     if type(boundaries) is Boundaries:
-        return (<Boundaries>boundaries).bases.count(b) != 0
+        return (<Boundaries>boundaries).has(b)
     return b in boundaries
 
 
@@ -450,11 +435,7 @@ cdef extern from "pythread.h":
 cdef extern from "pythread.h":
     unsigned long PyThread_get_thread_ident() nogil
 
-from time import monotonic as _py_monotonic
-
-
-cdef inline double _monotonic() except? -1:
-    return _py_monotonic()
+from time import monotonic as _monotonic
 
 
 cdef class Lock:
@@ -496,7 +477,6 @@ cdef class Lock:
     cdef bint wait(self, long long us) except -1:
         """Wait until the lock is free and take it (GIL held on entry and return); ``us`` >= 0: give up
         after that many microseconds (false)."""
-        cdef PyLockStatus r
         cdef double deadline = 0, left
         if us >= 0:
             deadline = _monotonic() + us * 1e-6
@@ -511,7 +491,7 @@ cdef class Lock:
                     if left <= 0:
                         return False
                     with nogil:
-                        r = PyThread_acquire_lock_timed(self.gate, <long long>(left * 1e6), 0)
+                        PyThread_acquire_lock_timed(self.gate, <long long>(left * 1e6), 0)
         finally:
             self.waiters -= 1
         self.grab()
@@ -730,15 +710,9 @@ cdef class _Base:
             # the block that ends at the top for last; pages mapped only where missing
             free = st.free
             has_top = free.ending_at_u(<u64>self.source.top, &top)
-            if free.take_u(n, has_top, top, &p):
-                if self.covered_u(p, n):
-                    ptr = p  # the usual case: nothing to map
-                else:
-                    ptr = self.prepare(self.arena, p, size, stream)
-            else:
-                ptr = self.find(size, stream, True)
-                if not self.covered(ptr, n):
-                    ptr = self.prepare(self.arena, ptr, size, stream)
+            ptr = p if free.take_u(n, has_top, top, &p) else self.find(size, stream, True)
+            if not self.covered(ptr, n):  # the usual case: nothing to map, no call
+                ptr = self.prepare(self.arena, ptr, size, stream)
         else:
             ptr = self.fit(self.arena, st, size)
             if ptr is None:
@@ -748,10 +722,7 @@ cdef class _Base:
         self.missed_again(size, stream, st)
         return ptr
 
-    cdef bint covered(self, object ptr, u64 n) except -1:
-        return self.covered_u(ptr, n)
-
-    cdef bint covered_u(self, u64 p, u64 n) except -1:
+    cdef bint covered(self, u64 p, u64 n) except -1:
         """Whether every page of ``[p, p + n)`` is in the source's coverage (``_Coverage.covers``:
         one bisection, its ranges being coalesced)."""
         cdef u64 lo = (p - self.base) // self.page, hi = (p + n - 1 - self.base) // self.page + 1
@@ -826,7 +797,12 @@ cdef class _Base:
         if st is None:
             self.free_block(ptr, size, stream)
             return 0
-        lst = (<dict>st.cache).get(size)  # a state in the table is never retired (rule 4)
+        return self.free_into(st, ptr, size, (<dict>st.cache).get(size))  # never retired (rule 4)
+
+    cdef int free_into(self, StateFields st, object ptr, object size, object lst) except -1:
+        """The end of ``Arena.free_block`` (lock held) for a state in the table, ``lst`` its cache
+        list for ``size`` or None: the list (a size hot again after a flush gets one), else the free
+        list."""
         if lst is None and size in st.rehot:
             lst = st.hot_again(size, self.boundaries)
         if lst is None:
@@ -867,14 +843,19 @@ cdef class _Base:
                     self.rescue(lst, size, stream)  # each block freed or deferred (rule 8)
                     return 0
                 known = True
-        if not self.lock.try_take():  # rule 8: a free never waits for the lock; deferred
+        return self.free_locked(ptr, size, stream, st if known else None)
+
+    cdef int free_locked(self, object ptr, object size, object stream, StateFields known) except -1:
+        """The rest of :meth:`cache_or_free` (kept out of the lock-free part, which the hot path
+        inlines): into the free list under the lock, or deferred (rule 8: a free never waits for it).
+        ``known``: the stream's state, seen in the same step to have no list for the size (no Python
+        code ran since, the GIL being held throughout: it is still in the table, still without one)."""
+        if not self.lock.try_take():
             self.deferred.append((ptr, size, stream))
             return 0
         try:
-            # No Python code ran since the look-up above (the GIL was held throughout): the state
-            # is still in the table and still has no list for size; free_block_c's steps after that.
-            if known and size not in st.rehot:
-                st.free.insert_c(ptr, size, self.boundaries)
+            if known is not None:
+                self.free_into(known, ptr, size, None)
             else:
                 self.free_block_c(ptr, size, stream)
             if self.deferred:
