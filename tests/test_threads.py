@@ -18,6 +18,8 @@ from mrkit import (
 )
 from mrkit.driver import SimDeviceSpec, SimDriver
 
+from handouts import HandOuts
+
 MiB = 1 << 20
 
 
@@ -29,15 +31,14 @@ def _switch_often():
     sys.setswitchinterval(old)
 
 
-def _worker(mr, stream, seed, ops, errors, handed, hlock, sizes=(256, 4096, 65536, MiB)):
+def _worker(mr, stream, seed, ops, errors, handed, sizes=(256, 4096, 65536, MiB)):
     rng = random.Random(seed)
     live = []
     try:
         for _ in range(ops):
             if live and (len(live) > 16 or rng.random() < 0.5):
                 p, n = live.pop(rng.randrange(len(live)))
-                with hlock:
-                    handed.discard(p)
+                handed.gave(p)
                 mr.deallocate(p, n, stream)
             else:
                 n = rng.choice(sizes)
@@ -45,13 +46,10 @@ def _worker(mr, stream, seed, ops, errors, handed, hlock, sizes=(256, 4096, 6553
                     p = mr.allocate(n, stream)
                 except OutOfMemoryError:
                     continue
-                with hlock:
-                    assert p not in handed, f"{p:#x} handed out twice"
-                    handed.add(p)
+                handed.took(p)
                 live.append((p, n))
         for p, n in live:
-            with hlock:
-                handed.discard(p)
+            handed.gave(p)
             mr.deallocate(p, n, stream)
     except BaseException as exc:  # pragma: no cover - reported by the test
         errors.append(exc)
@@ -63,8 +61,7 @@ def _run(mr, drv, threads, ops, churn, sizes=(256, 4096, 65536, MiB), period=0.0
     if streams is None:
         streams = [Stream.create(driver=drv) for _ in range(threads)]
     errors: list = []
-    handed: set = set()
-    hlock = threading.Lock()
+    handed = HandOuts()
     stop = threading.Event()
 
     def churner():
@@ -75,7 +72,7 @@ def _run(mr, drv, threads, ops, churn, sizes=(256, 4096, 65536, MiB), period=0.0
                 errors.append(exc)
                 return
 
-    ws = [threading.Thread(target=_worker, args=(mr, s, i, ops, errors, handed, hlock, sizes))
+    ws = [threading.Thread(target=_worker, args=(mr, s, i, ops, errors, handed, sizes))
           for i, s in enumerate(streams)]
     c = threading.Thread(target=churner)
     c.start()
