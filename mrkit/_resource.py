@@ -6,7 +6,7 @@ import operator
 from ._stream import DEFAULT_STREAM, Stream, as_stream, order_after
 from .driver import get_driver
 
-__all__ = ["MemoryResource", "Buffer", "check_request", "check_device", "upstream_chain"]
+__all__ = ["MemoryResource", "Buffer", "check_request", "check_device", "check_pointer", "upstream_chain"]
 
 
 # The fast paths test ``alignment is not DEFAULT_ALIGNMENT``: an identity test, as cheap as ``!= 256``,
@@ -34,6 +34,15 @@ def check_request(nbytes, alignment, max_alignment: int) -> int:
     if alignment > max_alignment:
         raise ValueError(f"alignment {alignment} is larger than this resource supports ({max_alignment})")
     return nbytes
+
+
+def check_pointer(ptr) -> int:
+    """``ptr`` as an int, for the error a free of an unknown pointer raises: ``TypeError`` naming the
+    argument for anything but an integer (``"0x1000"``, ``4096.0``, ``None``, ``True``). Called where
+    the free was already refused, so the fast paths pay nothing for it."""
+    if isinstance(ptr, bool) or not hasattr(type(ptr), "__index__"):
+        raise TypeError(f"ptr must be an int, not {type(ptr).__name__}")
+    return operator.index(ptr)
 
 
 def check_device(device, name: str = "device") -> int:

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from mrkit import (
-    DEFAULT_STREAM, CudaMemoryResource, HostMemoryResource, LimitingAdaptor, OutOfMemoryError,
-    PoolResource, StatisticsAdaptor, VirtualMemoryResource,
+    DEFAULT_STREAM, BinningResource, CudaMemoryResource, DeviceMemoryResource, HostMemoryResource,
+    LimitingAdaptor, OutOfMemoryError, PoolResource, StatisticsAdaptor, TrackingAdaptor, VirtualMemoryResource,
 )
 
 
@@ -45,6 +45,26 @@ def test_a_bad_free_leaves_the_block_freeable(sim, make, bad, exc):
     assert mr.live_bytes == 0
     with pytest.raises(ValueError, match="already freed"):
         mr.deallocate(p, 1000, DEFAULT_STREAM)
+
+
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda: PoolResource(CudaMemoryResource()), id="pool"),
+    pytest.param(lambda: VirtualMemoryResource(0), id="vmm"),
+    pytest.param(lambda: CudaMemoryResource(), id="cumemalloc"),
+    pytest.param(lambda: DeviceMemoryResource(0), id="driver-pool"),
+    pytest.param(lambda: HostMemoryResource(), id="host"),
+    pytest.param(lambda: BinningResource(CudaMemoryResource()), id="binning"),
+    pytest.param(lambda: TrackingAdaptor(CudaMemoryResource()), id="tracking"),
+])
+@pytest.mark.parametrize("ptr", ["0x1000", 4096.0, None, True], ids=["str", "float", "None", "bool"])
+def test_a_free_of_a_pointer_that_is_not_an_int_names_the_argument(sim, make, ptr):
+    """``deallocate("0x1000", ...)`` is a TypeError that names ``ptr`` (it used to fail formatting the
+    pointer in the error message), and the resource's blocks are untouched."""
+    mr = make()
+    p = mr.allocate(4096, DEFAULT_STREAM)
+    with pytest.raises(TypeError, match=r"^ptr must be an int, not " + type(ptr).__name__):
+        mr.deallocate(ptr, 4096, DEFAULT_STREAM)
+    mr.deallocate(p, 4096, DEFAULT_STREAM)
 
 
 def test_host_allocation_beyond_addressable_is_out_of_memory():

@@ -6,7 +6,7 @@ import traceback
 from typing import Callable
 
 from .._errors import OutOfMemoryError
-from .._resource import MemoryResource, check_request
+from .._resource import MemoryResource, check_pointer, check_request
 from .._sizes import format_size, parse_size
 from ._base import Adaptor
 
@@ -92,7 +92,8 @@ class TrackingAdaptor(Adaptor):
         with self._lock:
             entry = self._live.get(ptr)
             if entry is None:
-                raise ValueError(f"ptr {ptr:#x} was never handed out by {self!r} (or was already freed)")
+                raise ValueError(f"ptr {check_pointer(ptr):#x} was never handed out by {self!r} (or was "
+                                 f"already freed)")
             if entry[0] != nbytes:
                 raise ValueError(f"nbytes {nbytes} does not match the allocation of {entry[0]} bytes at {ptr:#x}")
             del self._live[ptr]
