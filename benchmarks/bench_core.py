@@ -4,7 +4,8 @@
   ``mrkit.cupy`` over a pool, beside CuPy's own default pool (``cupy.empty`` with CuPy's allocator);
 * the pool's own pair (``allocate``+``deallocate``) beside CuPy's ``MemoryPool.malloc`` pair;
 * the batch through the VMM beside CuPy's pool batch;
-* RMM's random workload (sizes to 8 MiB, new sizes every pass) beside CuPy's ``MemoryPool``.
+* RMM's random workload (sizes to 8 MiB) beside CuPy's ``MemoryPool``: new sizes every pass, each pass
+  timed on its first run; and replayed (each pass's sizes run once untimed, then again, timed).
 
 Every allocator is measured in turn, several rounds, best of each, in one process. The build in use
 (compiled or Python, ``MRKIT_NO_EXTENSIONS=1``) is printed; run once per build:
@@ -52,11 +53,12 @@ def empty_batch(sizes, order, reps: int) -> float:
     return (time.perf_counter() - t0) / (reps * len(sizes)) * 1e6
 
 
-def random_fresh(peer, ops: int, passes: int) -> float:
-    """RMM's random workload with new sizes every pass (the first pass warms up)."""
+def random_fresh(peer, ops: int, passes: int, replay: bool = False) -> float:
+    """RMM's random workload with new sizes every pass, each pass timed on its first run (the first
+    pass warms up and is not counted); ``replay``: each pass's sizes run twice, the second run timed."""
     best = math.inf
     for k in range(passes + 1):
-        us = bp.random_workload(peer, ops, seed=100 + k)
+        us = bp.random_workload(peer, ops, seed=(200 if replay else 100) + k, replay=replay)
         if k:
             best = min(best, us)
     return best
@@ -116,7 +118,9 @@ def main(argv=None) -> dict:
                 r[f"pair {n}"] = min(r.get(f"pair {n}", math.inf), bp.pairs(p, n, count if n < (8 << 20) else count // 4))
             r["batch"] = min(r.get("batch", math.inf), bp.batch(p, sizes, order, reps))
     for name, p in peers.items():
-        calls[name]["random (fresh sizes)"] = random_fresh(p, 2000 if args.quick else 10000, 2 if args.quick else 3)
+        ops, passes = (2000, 3) if args.quick else (10000, 4)
+        calls[name]["random (fresh sizes)"] = random_fresh(p, ops, passes)
+        calls[name]["random (replayed)"] = random_fresh(p, ops, passes, replay=True)
     res["calls"] = calls
     for s in streams:
         s.synchronize()
@@ -125,7 +129,7 @@ def main(argv=None) -> dict:
     ratios = {
         **{f"cupy.empty {k[6:]}": e["mrkit"][k] / e["cupy"][k] for k in e["mrkit"]},
         **{f"pool {k} / cupy MemoryPool": c["mrkit pool"][k] / c["cupy MemoryPool"][k]
-           for k in ("pair 256", "pair 65536", "pair 8388608", "batch", "random (fresh sizes)")},
+           for k in ("pair 256", "pair 65536", "pair 8388608", "batch", "random (fresh sizes)", "random (replayed)")},
         "vmm batch / cupy MemoryPool batch": c["mrkit vmm"]["batch"] / c["cupy MemoryPool"]["batch"],
     }
     res["ratios"] = ratios

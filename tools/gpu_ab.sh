@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # No-regression A/B on one machine: bench_core (both builds) and the pool's RMM workload for this tree
-# and for an earlier one (OLD, a git archive carried under .scratch), old and new interleaved.
+# and for an earlier one (OLD, a git archive carried under .scratch), old and new interleaved; both trees
+# run this tree's benchmark scripts (the same measurement), each importing its own mrkit.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1
 OLD=${OLD:-.scratch/oldf2}
@@ -9,7 +10,7 @@ timeout 90 python3 setup.py build_ext --inplace > "$OUT/build.txt" 2>&1; echo "b
 (cd $OLD && timeout 90 python3 setup.py build_ext --inplace > /tmp/old_build.txt 2>&1); echo "old build rc=$?" >> "$OUT/build.txt"
 bench() {  # label, PYTHONPATH, extra env
   echo "== $1" >> "$OUT/ab.txt"
-  env PYTHONPATH=$2 ${3:-} timeout 45 python3 $2/benchmarks/bench_core.py --quick --rounds 3 2>&1 | grep -E "^core:|x$" >> "$OUT/ab.txt"
+  env PYTHONPATH=$2 ${3:-} timeout 45 python3 $PWD/benchmarks/bench_core.py --quick --rounds 3 2>&1 | grep -E "^core:|x$" >> "$OUT/ab.txt"
 }
 for k in $(seq ${ROUNDS:-2}); do bench "old compiled $k" $OLD; bench "new compiled $k" $PWD; done
 for k in $(seq ${PY_ROUNDS:-1}); do bench "old python $k" $OLD MRKIT_NO_EXTENSIONS=1; bench "new python $k" $PWD MRKIT_NO_EXTENSIONS=1; done
