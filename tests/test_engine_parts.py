@@ -360,3 +360,10 @@ def test_a_free_after_a_flush_never_lands_in_the_old_cache_list(sim, core):
     pool.deallocate(q, n, s)
     pool.release()
     assert pool.pool_size == 0 and upstream.live_bytes == 0
+
+
+@compiled
+def test_the_compiled_constants_are_the_arenas():
+    """The compiled paths keep their own copies of the arena's constants (C fields): they must agree."""
+    from mrkit._engine import _arena
+    assert _hotc.CONSTANTS == {"_CACHE_WINDOW": _arena._CACHE_WINDOW, "MAX_HOT": _arena.MAX_HOT}

@@ -43,6 +43,7 @@ cdef object _Stream = Stream
 cdef object _DEFAULT = DEFAULT_ALIGNMENT
 cdef object _checked = checked_free_args
 cdef Py_ssize_t _CACHE_WINDOW = 8  # _arena._CACHE_WINDOW
+cdef Py_ssize_t _MAX_HOT = 1024  # _arena.MAX_HOT
 
 
 cdef extern from "Python.h":
@@ -786,9 +787,25 @@ cdef class _Base:
         take found it; when it is still attached (a state leaves the table only retired, its cache
         None) and already has a list for the size, ``register`` would change nothing."""
         if self.missed.note_c(<u64>size):
-            if st is not None and st.cache is not None and size in <dict>st.cache:
-                return 0
-            self.arena.state(stream).register(size, self.boundaries)
+            if st is not None and st.cache is not None:  # still the table's state (rule 4)
+                self.register(st, size)
+            else:
+                self.arena.state(stream).register(size, self.boundaries)
+        return 0
+
+    cdef int register(self, StateFields st, object size) except -1:
+        """``StreamState.register`` (lock held) for a state in the table: ``size`` gets a cache list,
+        the cache starting afresh (``flush``) when it has ``MAX_HOT`` sizes."""
+        cache = st.cache
+        if cache is None or size in <dict>cache:
+            return 0
+        st.rehot.discard(size)
+        cdef list hot = st.hot
+        if len(hot) >= _MAX_HOT:
+            st.flush(self.boundaries)
+            cache, hot = st.cache, st.hot
+        (<dict>cache)[size] = []
+        hot.insert(_bisect(hot, <u64>size), size)  # not in hot (hot and the cache's keys agree)
         return 0
 
     cdef int free_block_c(self, object ptr, object size, object stream) except -1:
@@ -803,8 +820,9 @@ cdef class _Base:
         """The end of ``Arena.free_block`` (lock held) for a state in the table, ``lst`` its cache
         list for ``size`` or None: the list (a size hot again after a flush gets one), else the free
         list."""
-        if lst is None and size in st.rehot:
-            lst = st.hot_again(size, self.boundaries)
+        if lst is None and size in st.rehot:  # StreamState.hot_again
+            self.register(st, size)
+            lst = (<dict>st.cache).get(size)
         if lst is None:
             st.free.insert_c(ptr, size, self.boundaries)
         else:
@@ -1322,3 +1340,7 @@ def torch_callbacks(callbacks):
         return None
     _torch_slots.append(callbacks)
     return <intptr_t>mrkit_talloc_table[k], <intptr_t>mrkit_tfree_table[k]
+
+
+#: the arena's constants as compiled here (``tests/test_engine_parts.py`` holds them to ``_arena``'s)
+CONSTANTS = {"_CACHE_WINDOW": _CACHE_WINDOW, "MAX_HOT": _MAX_HOT}
