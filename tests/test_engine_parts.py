@@ -367,3 +367,34 @@ def test_the_compiled_constants_are_the_arenas():
     """The compiled paths keep their own copies of the arena's constants (C fields): they must agree."""
     from mrkit._engine import _arena
     assert _hotc.CONSTANTS == {"_CACHE_WINDOW": _arena._CACHE_WINDOW, "MAX_HOT": _arena.MAX_HOT}
+
+
+@pytest.mark.parametrize("core", ["compiled", "python"])
+def test_a_miss_sees_a_size_made_hot_by_python_code_after_it_last_looked(sim, core):
+    """The compiled miss looks at the hot sizes through an index of the cache that it keeps between
+    misses; a size made hot by the arena's Python code in between (``StreamState.register``, as a
+    deferred free hot again after a flush does) must be in it: a smaller miss takes that size's
+    cached block, as the Python build does."""
+    if core == "compiled" and _hotc is None:
+        pytest.skip("the compiled core is not built here")
+    import contextlib
+    from mrkit._engine import python_core
+    with python_core() if core == "python" else contextlib.nullcontext():
+        pool = mrkit.PoolResource(mrkit.DeviceMemoryResource(0, driver=sim), initial_size=1 << 20,
+                                  maximum_size=1 << 20)
+    s = mrkit.DEFAULT_STREAM
+    for _ in range(3):  # 8 KiB misses twice: hot
+        pool.deallocate(pool.allocate(8192, s), 8192, s)
+    a = pool.allocate(1024, s)  # a miss that looks at the hot sizes (the compiled build indexes them)
+    st_ = pool.arena.states[s.uid]
+    with pool.arena.lock:
+        st_.register(4096, pool.arena.boundaries)  # the Python code's register
+    q = pool.allocate(4096, s)  # cut from the free list
+    pool.deallocate(q, 4096, s)  # into 4 KiB's cache list, lock-free
+    assert st_.cache[4096] == [q]
+    b = pool.allocate(2048, s)  # fits the cached 4 KiB block better than the free list's best
+    assert b == q and st_.cache[4096] == []
+    for p, n in ((a, 1024), (b, 2048)):
+        pool.deallocate(p, n, s)
+    pool.release()
+    assert pool.pool_size == 0

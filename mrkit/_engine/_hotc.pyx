@@ -32,6 +32,8 @@ from libcpp.set cimport set as cset
 from libcpp.unordered_map cimport unordered_map
 from libcpp.utility cimport pair
 from libcpp.vector cimport vector
+from libcpp.algorithm cimport lower_bound
+from cpython.list cimport PyList_GET_ITEM
 from libc.stdint cimport intptr_t
 from libc.stdlib cimport free, realloc
 
@@ -396,9 +398,35 @@ cdef class StateFields:
     # Whether a block may be in the cache: set by every append to a cache list (in the same C step,
     # under the GIL), cleared by a walk that finds none; a miss then skips the walk (cached_c).
     cdef public bint maybe_cached
+    # The compiled index of the cache for a miss's look at the hot sizes (_Base.take_cached): ``hot``
+    # as C values and each size's cache list, in ``hot``'s order, with no dict look-up. It stands for
+    # the cache dict ``index_cache`` when ``hot`` had ``index_len`` sizes: only the lock changes the
+    # sizes (register adds one to ``hot`` and to the dict; a flush or a retire replaces the dict), so
+    # while both still hold, the index is the cache's (else it is made again, under the lock).
+    cdef vector[u64] hot_sizes
+    cdef list hot_lists
+    cdef object index_cache
+    cdef Py_ssize_t index_len
 
     def __init__(self, stream, FreeList free not None):
         self.stream, self.cache, self.hot, self.free, self.rehot = stream, {}, [], free, set()
+        self.index_len = -1
+
+    cdef inline bint indexed(self):
+        """Whether the index is the cache's (lock held)."""
+        return self.index_cache is self.cache and self.index_len == len(self.hot)
+
+    cdef int reindex(self) except -1:
+        """Make the index from ``hot`` and the cache (lock held)."""
+        cdef dict cache = <dict>self.cache
+        cdef list hot = self.hot, lists = []
+        self.index_len = -1
+        self.hot_sizes.clear()
+        for size in hot:
+            self.hot_sizes.push_back(<u64>size)
+            lists.append(cache[size])
+        self.hot_lists, self.index_cache, self.index_len = lists, cache, len(hot)
+        return 0
 
     cdef bint cached_c(self) except -1:
         cdef Py_ssize_t pos = 0
@@ -760,24 +788,22 @@ cdef class _Base:
     cdef object take_cached(self, StateFields st, u64 n, u64 best):
         """``StreamState.take_cached`` for ``n`` bytes (lock held), ``best`` the free list's best fit
         (``1 << 62`` when nothing fits)."""
-        cdef list hot = st.hot
-        cdef Py_ssize_t j = _bisect(hot, n), k, stop
+        if not st.indexed():
+            st.reindex()
+        cdef Py_ssize_t size = st.hot_sizes.size(), k, stop
+        cdef Py_ssize_t j = lower_bound(st.hot_sizes.begin(), st.hot_sizes.end(), n) - st.hot_sizes.begin()
         cdef u64 s
-        if j == len(hot):
-            return None
-        cdef FreeList free = st.free
-        cdef dict cache = <dict>st.cache
-        stop = min(j + _CACHE_WINDOW, len(hot))
+        cdef list lst
+        stop = min(j + _CACHE_WINDOW, size)
         for k in range(j, stop):
-            key = hot[k]
-            s = key
+            s = st.hot_sizes[k]
             if s >= best:
                 return None
-            lst = cache.get(key)
+            lst = <list>PyList_GET_ITEM(st.hot_lists, k)
             if lst:
-                ptr = _pop_keep(<list>lst)
+                ptr = _pop_keep(lst)
                 if s > n:
-                    free.insert_c(<u64>ptr + n, s - n, self.boundaries)
+                    st.free.insert_c(<u64>ptr + n, s - n, self.boundaries)
                 return ptr
         return None
 
@@ -804,8 +830,16 @@ cdef class _Base:
         if len(hot) >= _MAX_HOT:
             st.flush(self.boundaries)
             cache, hot = st.cache, st.hot
-        (<dict>cache)[size] = []
-        hot.insert(_bisect(hot, <u64>size), size)  # not in hot (hot and the cache's keys agree)
+        cdef list lst = []
+        cdef u64 n = size
+        cdef Py_ssize_t i = _bisect(hot, n)
+        cdef bint indexed = st.indexed()
+        (<dict>cache)[size] = lst
+        hot.insert(i, size)  # not in hot (hot and the cache's keys agree)
+        if indexed:  # the index follows (else it is made again at its next use)
+            st.hot_sizes.insert(st.hot_sizes.begin() + i, n)
+            st.hot_lists.insert(i, lst)
+            st.index_len += 1
         return 0
 
     cdef int free_block_c(self, object ptr, object size, object stream) except -1:
