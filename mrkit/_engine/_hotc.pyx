@@ -112,49 +112,46 @@ cdef extern from *:
     #include <map>
     #include <set>
     #include <utility>
-    /* Move a free block to (ptr, size), reusing both of its tree nodes (no allocation): the size
-       tree's node is re-keyed and re-inserted, and the address tree's entry points at it again; the
-       address tree's node keeps its place when ptr is unchanged, else it is re-keyed and re-inserted
-       at its old place (the caller guarantees no other block starts between the old and the new
-       ptr). */
-    template <class S, class A>
-    static inline void mrkit_fl_move(S &by_size, A &by_addr, typename S::iterator sit,
-                                     typename A::iterator ait, unsigned long long ptr,
-                                     unsigned long long size) {
+    /* Re-key a free block's node in the size tree to (size, ptr), reusing the node (no allocation);
+       its new position. */
+    template <class S>
+    static inline typename S::iterator mrkit_fl_rekey(S &by_size, typename S::iterator sit,
+                                                      unsigned long long size, unsigned long long ptr) {
         auto sn = by_size.extract(sit);
         sn.value() = std::make_pair(size, ptr);
-        auto pos = by_size.insert(std::move(sn)).position;
-        if (ait->first == ptr) {
-            ait->second = pos;
-        } else {
-            auto hint = std::next(ait);
-            auto an = by_addr.extract(ait);
-            an.key() = ptr;
-            an.mapped() = pos;
-            by_addr.insert(hint, std::move(an));
-        }
+        return by_size.insert(std::move(sn)).position;
+    }
+    /* Move a free block's entry in the address tree to a new end, reusing the node, at its old place
+       (the caller guarantees that no other block ends between the old and the new end). */
+    template <class A>
+    static inline void mrkit_fl_move_end(A &by_addr, typename A::iterator ait, unsigned long long end) {
+        auto hint = std::next(ait);
+        auto an = by_addr.extract(ait);
+        an.key() = end;
+        by_addr.insert(hint, std::move(an));
     }
     """
-    void _fl_move "mrkit_fl_move"(cset[SizePtr]& by_size, cmap[u64, SizeIt]& by_addr,
-                                  SizeIt sit, cmap[u64, SizeIt].iterator ait, u64 ptr, u64 size)
+    SizeIt _fl_rekey "mrkit_fl_rekey"(cset[SizePtr]& by_size, SizeIt sit, u64 size, u64 ptr)
+    void _fl_move_end "mrkit_fl_move_end"(cmap[u64, SizeIt]& by_addr, cmap[u64, SizeIt].iterator ait, u64 end)
 
 
 cdef class FreeList:
     """The compiled twin of :class:`mrkit._engine._freelist.FreeList`: the same methods and answers,
     over two C++ trees: ``by_size`` (``(size, ptr)`` pairs, ordered: best fit, the lowest address
-    first among one size, is one ``lower_bound``) and ``by_addr`` (``ptr ->`` the block's node in
-    ``by_size``, ordered: both neighbours of a block for coalescing, each with its size and its size
-    node at hand, so a join needs no search of ``by_size``). No Python object per free block. Touched
-    only under its arena's lock."""
+    first among one size, is one ``lower_bound``) and ``by_addr`` (each block's *end* ``->`` its node in
+    ``by_size``, ordered). Keyed by the end, one search finds both neighbours of a block being freed
+    (the block ending at its start, and the next entry), a block cut from its start or joined by the
+    block below it keeps its address node, and a join needs no search of ``by_size``. No Python object
+    per free block. Touched only under its arena's lock."""
     cdef cset[SizePtr] by_size
-    cdef cmap[u64, SizeIt] by_addr
+    cdef cmap[u64, SizeIt] by_addr  # end -> size node
     cdef u64 free_bytes
 
     def __len__(self):
         return self.by_addr.size()
 
     cdef inline void add_c(self, u64 ptr, u64 size):
-        self.by_addr[ptr] = self.by_size.insert(SizePtr(size, ptr)).first
+        self.by_addr[ptr + size] = self.by_size.insert(SizePtr(size, ptr)).first
         self.free_bytes += size
 
     cdef inline void remove_at(self, cmap[u64, SizeIt].iterator ait):
@@ -163,27 +160,42 @@ cdef class FreeList:
         self.by_size.erase(deref(ait).second)
         self.by_addr.erase(ait)
 
+    cdef inline cmap[u64, SizeIt].iterator starting_at(self, u64 ptr):
+        """The entry of the free block that starts at ``ptr``, or ``by_addr.end()``."""
+        cdef cmap[u64, SizeIt].iterator it = self.by_addr.upper_bound(ptr)  # the first block ending past ptr
+        if it != self.by_addr.end() and deref(deref(it).second).second != ptr:
+            return self.by_addr.end()
+        return it
+
     cdef int insert_c(self, u64 ptr, u64 size, object boundaries) except -1:
         """Add a block, coalescing it with its free neighbours (never across a boundary); a block
         that joins a neighbour takes over that neighbour's tree nodes."""
-        cdef u64 nxt = ptr + size, p = 0, n = 0, psize = 0
-        cdef cmap[u64, SizeIt].iterator nit = self.by_addr.find(nxt), pit
-        cdef bint join_next = nit != self.by_addr.end() and not _boundary(boundaries, nxt)
-        cdef bint join_prev = False
-        if join_next:
-            n = deref(deref(nit).second).first
-        pit = self.by_addr.lower_bound(ptr)
-        if pit != self.by_addr.begin():
-            dec(pit)
-            p, psize = deref(pit).first, deref(deref(pit).second).first
-            join_prev = p + psize == ptr and not _boundary(boundaries, ptr)
-        if join_prev:  # the previous block grows in place (and swallows the next one)
-            if join_next:
-                self.by_size.erase(deref(nit).second)
-                self.by_addr.erase(nit)
-            _fl_move(self.by_size, self.by_addr, deref(pit).second, pit, p, psize + size + n)
-        elif join_next:  # the next block grows downwards
-            _fl_move(self.by_size, self.by_addr, deref(nit).second, nit, ptr, size + n)
+        cdef u64 nxt = ptr + size, p, psize, nsize
+        cdef cmap[u64, SizeIt].iterator it = self.by_addr.lower_bound(ptr), pit, nit
+        cdef cmap[u64, SizeIt].iterator last = self.by_addr.end()
+        pit = nit = last
+        if it != last and deref(it).first == ptr:  # a free block ends where this one starts
+            pit = it
+            inc(it)
+        if it != last and deref(deref(it).second).second == nxt:  # and one starts where it ends
+            nit = it
+        if pit != last and _boundary(boundaries, ptr):
+            pit = last
+        if nit != last and _boundary(boundaries, nxt):
+            nit = last
+        if pit != last:  # the previous block grows upwards (and swallows the next one)
+            p, psize = deref(deref(pit).second).second, deref(deref(pit).second).first
+            if nit != last:  # the next block's address entry (its end) stays; the previous one's goes
+                nsize = deref(deref(nit).second).first
+                self.by_size.erase(deref(pit).second)
+                self.by_addr.erase(pit)
+                deref(nit).second = _fl_rekey(self.by_size, deref(nit).second, psize + size + nsize, p)
+            else:
+                deref(pit).second = _fl_rekey(self.by_size, deref(pit).second, psize + size, p)
+                _fl_move_end(self.by_addr, pit, nxt)
+        elif nit != last:  # the next block grows downwards: its end, and so its address entry, stay
+            nsize = deref(deref(nit).second).first
+            deref(nit).second = _fl_rekey(self.by_size, deref(nit).second, size + nsize, ptr)
         else:
             self.add_c(ptr, size)
             return 0
@@ -215,10 +227,11 @@ cdef class FreeList:
         cdef u64 bsize, ptr
         bsize, ptr = deref(it).first, deref(it).second
         self.free_bytes -= size
-        if bsize > size:  # the remainder keeps the block's nodes (its neighbours are not free)
-            _fl_move(self.by_size, self.by_addr, it, self.by_addr.find(ptr), ptr + size, bsize - size)
+        if bsize > size:  # the remainder keeps the block's nodes, its address entry (its end) unmoved
+            ait = self.by_addr.find(ptr + bsize)
+            deref(ait).second = _fl_rekey(self.by_size, it, bsize - size, ptr + size)
         else:
-            self.by_addr.erase(ptr)
+            self.by_addr.erase(ptr + bsize)
             self.by_size.erase(it)
         return ptr
 
@@ -228,8 +241,11 @@ cdef class FreeList:
 
     def remove(self, ptr, size):
         """Remove the free block ``[ptr, ptr + size)`` (it must be one: else KeyError)."""
-        cdef cmap[u64, SizeIt].iterator it = self.by_addr.find(ptr)
-        if it == self.by_addr.end() or deref(deref(it).second).first != <u64>size:
+        cdef u64 p, n
+        if not _as_u64(ptr, &p) or not _as_u64(size, &n):
+            raise KeyError(ptr)
+        cdef cmap[u64, SizeIt].iterator it = self.by_addr.find(p + n)
+        if it == self.by_addr.end() or deref(deref(it).second).first != n:
             raise KeyError(ptr)
         self.remove_at(it)
 
@@ -266,7 +282,7 @@ cdef class FreeList:
         """Take ``[at, at + size)`` out of the free block that starts at ``block``; the rest stays
         free. Returns ``at + size``."""
         cdef u64 b = block, a = at, n = size, bsize, end
-        cdef cmap[u64, SizeIt].iterator it = self.by_addr.find(b)
+        cdef cmap[u64, SizeIt].iterator it = self.starting_at(b)
         if it == self.by_addr.end():
             raise KeyError(block)
         bsize = deref(deref(it).second).first
@@ -300,7 +316,7 @@ cdef class FreeList:
         cdef vector[SizePtr] got
         cdef cmap[u64, SizeIt].iterator it = self.by_addr.begin()
         while it != self.by_addr.end():
-            got.push_back(SizePtr(deref(it).first, deref(deref(it).second).first))
+            got.push_back(SizePtr(deref(deref(it).second).second, deref(deref(it).second).first))
             inc(it)
         return [(e.first, e.second) for e in got]
 
@@ -309,18 +325,15 @@ cdef class FreeList:
         cdef u64 p
         if not _as_u64(ptr, &p):
             return None
-        cdef cmap[u64, SizeIt].iterator it = self.by_addr.find(p)
+        cdef cmap[u64, SizeIt].iterator it = self.starting_at(p)
         return None if it == self.by_addr.end() else deref(deref(it).second).first
 
     cdef bint ending_at_u(self, u64 e, u64 *out):
         """Whether a free block ends at ``e`` (its start in ``out``)."""
-        cdef cmap[u64, SizeIt].iterator it = self.by_addr.lower_bound(e)
-        if it == self.by_addr.begin():
+        cdef cmap[u64, SizeIt].iterator it = self.by_addr.find(e)
+        if it == self.by_addr.end():
             return False
-        dec(it)
-        if deref(it).first + deref(deref(it).second).first != e:
-            return False
-        out[0] = deref(it).first
+        out[0] = deref(deref(it).second).second
         return True
 
     def ending_at(self, end):
