@@ -29,13 +29,13 @@ from cpython.ref cimport PyObject
 from cython.operator cimport dereference as deref, preincrement as inc, predecrement as dec
 from libcpp.map cimport map as cmap
 from libcpp.set cimport set as cset
-from libcpp.unordered_map cimport unordered_map
 from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 from libcpp.algorithm cimport lower_bound
 from cpython.list cimport PyList_GET_ITEM
 from libc.stdint cimport intptr_t
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport calloc, free, realloc
+from libc.string cimport memset
 
 from mrkit._resource import DEFAULT_ALIGNMENT
 from mrkit._stream import Stream
@@ -601,24 +601,58 @@ cdef class Lock:
 
 
 cdef class Misses:
-    """The compiled twin of ``_hot.Misses``: the sizes that missed the cache lately, in a C++ hash map
-    (no Python int kept per size), the counter a C field (touched only under the arena's lock)."""
-    cdef unordered_map[u64, Py_ssize_t] seen
+    """The compiled twin of ``_hot.Misses``: the sizes that missed the cache lately, in a flat hash
+    table (open addressing, at most half full; no Python int kept per size, no allocation per size,
+    emptied at once by moving to a new generation), the counter a C field (touched only under the
+    arena's lock)."""
+    cdef u64 *keys
+    cdef Py_ssize_t *counts
+    cdef unsigned int *gens  # a slot holds an entry when its generation is the table's
+    cdef unsigned int gen
+    cdef Py_ssize_t mask, used
     cdef readonly Py_ssize_t count, distance, capacity
 
-    def __init__(self, Py_ssize_t distance, Py_ssize_t capacity):
+    def __cinit__(self, Py_ssize_t distance, Py_ssize_t capacity):
+        cdef Py_ssize_t n = 16
+        while n < 2 * capacity:
+            n <<= 1
+        self.keys = <u64*>calloc(n, sizeof(u64))
+        self.counts = <Py_ssize_t*>calloc(n, sizeof(Py_ssize_t))
+        self.gens = <unsigned int*>calloc(n, sizeof(unsigned int))
+        if self.keys is NULL or self.counts is NULL or self.gens is NULL:
+            raise MemoryError()
+        self.mask, self.gen = n - 1, 1
         self.distance, self.capacity = distance, capacity
+
+    def __dealloc__(self):
+        free(self.keys)
+        free(self.counts)
+        free(self.gens)
+
+    cdef inline Py_ssize_t slot(self, u64 size):
+        """The slot that holds ``size``, else the empty slot where it would go."""
+        cdef Py_ssize_t i = <Py_ssize_t>((size * 0x9E3779B97F4A7C15ULL) >> 32) & self.mask
+        while self.gens[i] == self.gen and self.keys[i] != size:
+            i = (i + 1) & self.mask
+        return i
 
     cdef bint note_c(self, u64 size):
         self.count += 1
-        cdef unordered_map[u64, Py_ssize_t].iterator it = self.seen.find(size)
-        cdef bint again = it != self.seen.end() and self.count - deref(it).second <= self.distance
-        if again or (it != self.seen.end() and <Py_ssize_t>self.seen.size() < self.capacity):
-            deref(it).second = self.count
+        cdef Py_ssize_t i = self.slot(size)
+        cdef bint found = self.gens[i] == self.gen
+        cdef bint again = found and self.count - self.counts[i] <= self.distance
+        if again or (found and self.used < self.capacity):
+            self.counts[i] = self.count
             return again
-        if <Py_ssize_t>self.seen.size() >= self.capacity:
-            self.seen.clear()
-        self.seen[size] = self.count
+        if self.used >= self.capacity:  # full: start afresh
+            self.gen += 1
+            if self.gen == 0:  # the generations wrapped: every slot empty for real
+                memset(self.gens, 0, (self.mask + 1) * sizeof(unsigned int))
+                self.gen = 1
+            self.used = 0
+            i = self.slot(size)
+        self.keys[i], self.counts[i], self.gens[i] = size, self.count, self.gen
+        self.used += 1
         return False
 
     def note(self, size):
@@ -628,7 +662,8 @@ cdef class Misses:
     @property
     def last(self):
         """``size -> the count at its last miss``, as a new dict."""
-        return {e.first: e.second for e in self.seen}
+        cdef Py_ssize_t i
+        return {self.keys[i]: self.counts[i] for i in range(self.mask + 1) if self.gens[i] == self.gen}
 
 
 cdef class _Base:
