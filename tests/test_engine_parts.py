@@ -140,14 +140,33 @@ def test_a_compiled_arena_holds_its_lock_through_a_resource_call():
 
 
 @compiled
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.integers(1, 16), st.integers(2, 12),
-       st.lists(st.integers(0, 20), min_size=1, max_size=300))
+       st.lists(st.integers(0, 40), min_size=1, max_size=300))
 def test_the_compiled_miss_table_answers_as_the_python_one(distance, capacity, sizes):
+    """The compiled table is a hash table with open addressing: among 41 sizes in a table of 16 or
+    32 slots, sizes share home slots, so entries that probed past others, and a table emptied while
+    one of them misses again, are exercised."""
     py, cc = _hot.Misses(distance, capacity), _hotc.Misses(distance, capacity)
     for s in sizes:
         assert cc.note(s << 8) == py.note(s << 8), s
         assert cc.count == py.count and cc.last == py.last
+
+
+@compiled
+def test_the_compiled_miss_table_keeps_a_size_that_probed_past_another_when_it_starts_afresh():
+    """``b`` misses again too late while the table is full: the table starts afresh holding only ``b``,
+    which must then be found (its next miss is within the distance). Every ordered pair of 40 sizes
+    is tried, so pairs that share a home slot in the 16-slot table (``b`` probed past ``a``) are among
+    them."""
+    for a in range(40):
+        for b in range(40):
+            if a == b:
+                continue
+            py, cc = _hot.Misses(2, 2), _hotc.Misses(2, 2)
+            for size in (a, b, a, a, b, b):
+                assert cc.note(size << 8) == py.note(size << 8), (a, b)
+            assert cc.last == py.last
 
 
 @pytest.mark.parametrize("make", [pytest.param(_hot.Misses, id="python"),
