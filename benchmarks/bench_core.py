@@ -53,15 +53,21 @@ def empty_batch(sizes, order, reps: int) -> float:
     return (time.perf_counter() - t0) / (reps * len(sizes)) * 1e6
 
 
-def random_fresh(peer, ops: int, passes: int, replay: bool = False) -> float:
-    """RMM's random workload with new sizes every pass, each pass timed on its first run (the first
-    pass warms up and is not counted); ``replay``: each pass's sizes run twice, the second run timed."""
-    best = math.inf
+def random_rows(peers: dict, ops: int, passes: int) -> dict:
+    """RMM's random workload, best of ``passes`` passes per allocator, the allocators taking turns
+    pass by pass (the host's speed drifts): ``"random (fresh sizes)"``, new sizes every pass, each
+    pass timed on its first run (a first pass warms up, not counted); ``"random (replayed)"``, each
+    pass's sizes run twice, the second run timed."""
+    rows = {name: {"random (fresh sizes)": math.inf, "random (replayed)": math.inf} for name in peers}
     for k in range(passes + 1):
-        us = bp.random_workload(peer, ops, seed=(200 if replay else 100) + k, replay=replay)
-        if k:
-            best = min(best, us)
-    return best
+        for name, p in peers.items():
+            fresh = bp.random_workload(p, ops, seed=100 + k, replay=False)
+            replayed = bp.random_workload(p, ops, seed=1000 + k, replay=True)
+            if k:
+                r = rows[name]
+                r["random (fresh sizes)"] = min(r["random (fresh sizes)"], fresh)
+                r["random (replayed)"] = min(r["random (replayed)"], replayed)
+    return rows
 
 
 def main(argv=None) -> dict:
@@ -117,10 +123,8 @@ def main(argv=None) -> dict:
             for n in (256, 64 << 10, 8 << 20):
                 r[f"pair {n}"] = min(r.get(f"pair {n}", math.inf), bp.pairs(p, n, count if n < (8 << 20) else count // 4))
             r["batch"] = min(r.get("batch", math.inf), bp.batch(p, sizes, order, reps))
-    for name, p in peers.items():
-        ops, passes = (2000, 3) if args.quick else (10000, 4)
-        calls[name]["random (fresh sizes)"] = random_fresh(p, ops, passes)
-        calls[name]["random (replayed)"] = random_fresh(p, ops, passes, replay=True)
+    for name, r in random_rows(peers, *((2000, 6) if args.quick else (10000, 6))).items():
+        calls[name].update(r)
     res["calls"] = calls
     for s in streams:
         s.synchronize()
