@@ -10,6 +10,8 @@ of a batch of 1 000 sizes, all made then dropped in random order, as ``bench_cor
 * ``cupy pool``: CuPy's default ``MemoryPool`` (its allocator's own fast path, no hook);
 * ``floor (C hook)``: the do-nothing C functions, with ``mrkit.cupy``'s 512-byte rounding in front;
 * ``floor (C hook, no rounding)``: the do-nothing C functions called directly;
+* ``floor (C hook, distinct addresses)``: the same, but each allocation a different address (the
+  next of 2 048 slots 512 bytes apart in one 1 MiB allocation), as a real allocator hands out;
 * ``mrkit``: ``mrkit.cupy.allocator(PoolResource(DeviceMemoryResource(0)))``;
 
 and the parts of mrkit's hook, called from Python: the hook pair (``malloc`` + ``free`` of the pool's
@@ -36,6 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 _FLOOR_C = r"""
 void *floor_malloc(void *param, unsigned long nbytes, int device) { return *(void **)param; }
 void floor_free(void *param, void *ptr, int device) { }
+/* distinct addresses, as a real allocator hands out: the next of 2048 slots of 512 bytes */
+static unsigned long floor_next = 0;
+void *floor_distinct_malloc(void *param, unsigned long nbytes, int device) {
+    return (char *)*(void **)param + 512 * (floor_next++ & 2047);
+}
 """
 
 
@@ -73,13 +80,16 @@ def main(argv=None) -> dict:
     addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
     floor = cupy.cuda.memory.CFunctionAllocator(ctypes.addressof(cell), addr(lib.floor_malloc),
                                                 addr(lib.floor_free), (lib, cell))
+    distinct = cupy.cuda.memory.CFunctionAllocator(ctypes.addressof(cell), addr(lib.floor_distinct_malloc),
+                                                   addr(lib.floor_free), (lib, cell))
     rounded = rounding_call(floor.malloc, 512)
     if rounded is None:  # the Python build has no compiled rounding: the same in Python
         m = floor.malloc
         rounded = lambda size: m((size + 511) & -512)  # noqa: E731
     mine = mrkit.cupy.allocator(PoolResource(DeviceMemoryResource(0)))
     allocators = {"cupy pool": cupy.get_default_memory_pool().malloc, "floor (C hook)": rounded,
-                  "floor (C hook, no rounding)": floor.malloc, "mrkit": mine}
+                  "floor (C hook, no rounding)": floor.malloc,
+                  "floor (C hook, distinct addresses)": distinct.malloc, "mrkit": mine}
     empty, u8 = cupy.empty, cupy.uint8
 
     def pairs(count):
