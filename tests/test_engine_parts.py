@@ -417,3 +417,31 @@ def test_a_miss_sees_a_size_made_hot_by_python_code_after_it_last_looked(sim, co
         pool.deallocate(p, n, s)
     pool.release()
     assert pool.pool_size == 0
+
+
+@compiled
+def test_the_c_hooks_called_from_c_serve_repeat_sizes_and_zero(sim):
+    """CuPy's C route (``CHooks.addresses``) called from C: a repeated size is served from the cache
+    with the size remembered between calls, a zero-byte request on hooks that remember nothing yet
+    gets a null pointer, and every block goes home."""
+    import ctypes
+    from mrkit._engine import c_hooks
+    from mrkit.cupy import AllocatorHooks
+    pool = mrkit.PoolResource(mrkit.DeviceMemoryResource(0, driver=sim))
+    stream = mrkit.Stream.create(driver=sim)
+    hooks = AllocatorHooks(pool, lambda device: stream)
+    ch = c_hooks(hooks.table, hooks.bind, [], [False], [0, 0])
+    param, m_addr, f_addr = ch.addresses
+    malloc = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)(m_addr)
+    free = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)(f_addr)
+    assert not malloc(param, 0, 0) and pool.live_bytes == 0  # nothing remembered: the memo is not used
+    got = []
+    for n in (1024, 1024, 1024, 4096, 1024):
+        p = malloc(param, n, 0)
+        assert p and pool.live_bytes == n
+        got.append(p)
+        free(param, p, 0)
+    assert got[1] == got[2] == got[4]  # 1 KiB is hot after its second miss: the cache serves it
+    assert not malloc(param, 0, 0) and pool.live_bytes == 0
+    assert pool.arena.live == {} and not hooks.table[0][3].where
+    stream.close()

@@ -684,6 +684,7 @@ cdef class _Base:
     cdef u64 base, page
     cdef StateFields last_state  # see state_of
     cdef object memo_n, memo_size  # the last request seen and its cache size (see size_of)
+    cdef size_t memo_c  # nonzero: memo_n is this C value's int (HookPaths.malloc_n), else unknown
     cdef object memo_cache, memo_key, memo_list  # the last cache list found (see list_of)
 
     def __init__(self, arena):
@@ -732,7 +733,7 @@ cdef class _Base:
             return self.memo_size
         size = _fast_rounded(nbytes)
         if size is not None:
-            self.memo_n, self.memo_size = nbytes, size  # one step: no other thread runs in between
+            self.memo_n, self.memo_size, self.memo_c = nbytes, size, 0  # one step: no other thread runs in between
         return size
 
     cdef inline object freed_size(self, object nbytes):
@@ -1111,12 +1112,28 @@ cdef class HookPaths(_Base):
         self.remember, self.foreign_free = remember, foreign_free
         self.where = {}
 
+    cdef object malloc_n(self, size_t n, int device_id):
+        """:meth:`malloc_c` for a C size (CuPy's C route): the int for the size, and its cache size,
+        are remembered for the last size asked, so a loop over one size makes no new int for either
+        (and its frees find the cache size by identity, :meth:`freed_size`)."""
+        if n != 0 and n == self.memo_c:
+            return self.malloc_sized(self.memo_n, self.memo_size, device_id)
+        nbytes = n
+        size = _fast_rounded(nbytes)
+        if size is not None:
+            self.memo_n, self.memo_size, self.memo_c = nbytes, size, n  # one step (GIL held)
+        return self.malloc_sized(nbytes, size, device_id)
+
     cdef object malloc_c(self, object nbytes, int device_id):
+        return self.malloc_sized(nbytes, _fast_rounded(nbytes), device_id)
+
+    cdef object malloc_sized(self, object nbytes, object size, int device_id):
+        """Allocate ``nbytes`` (``size``: its cache size, ``_fast_rounded(nbytes)``) on the current
+        stream of ``device_id``."""
         cs = self.current_stream(device_id)
         ref, stream = <tuple>self.seen[0]
         if ref() is not cs:
             stream = self.remember(cs)
-        size = _fast_rounded(nbytes)
         if size is None:
             ptr = self.allocate_slow(nbytes, stream, 256)
             if ptr:
@@ -1131,16 +1148,21 @@ cdef class HookPaths(_Base):
         return ptr
 
     cdef int free_c(self, object ptr, int device_id) except -1:
+        if not self.try_free(ptr):
+            self.foreign_free(ptr)
+        return 0
+
+    cdef bint try_free(self, object ptr) except -1:
+        """Free ``ptr`` if it is one of these hooks' live blocks (true), else change nothing (false)."""
         stream = self.where.pop(ptr, None)
         if stream is None:
-            self.foreign_free(ptr)
-            return 0
+            return False
         nbytes = self.live.pop(ptr, None)
         if nbytes is None:  # cannot happen while ``where`` and ``live`` agree; the lock decides
             self.locked_free(ptr, -1, stream, 256)
-            return 0
+            return True
         self.cache_or_free(ptr, self.freed_size(nbytes), stream)
-        return 0
+        return True
 
     def malloc(self, nbytes, device_id):
         """Allocate ``nbytes`` on the caller's current stream of ``device_id``."""
@@ -1187,15 +1209,22 @@ cdef class CHooks:
     cdef int free_c(self, object ptr, int device_id) except -1:
         cdef PyObject *r = PyDict_GetItem(self.table, device_id)
         e = None if r is NULL else <object>r
-        if e is None or not _holds(e, ptr):
-            for old in reversed(self.made):
-                if _holds(old, ptr):
-                    e = old
-                    break
-            else:
-                if e is None:
-                    raise ValueError(f"a free of {ptr:#x}, which these hooks do not hold")
-        core = (<tuple>e)[3]
+        if e is not None:  # the usual case: a block of the device's current hooks, freed in one look-up
+            core = (<tuple>e)[3]
+            if core is not None:
+                if (<HookPaths>core).try_free(ptr):
+                    return 0
+            elif (<tuple>e)[2](ptr):
+                (<tuple>e)[1](ptr, device_id)
+                return 0
+        for old in reversed(self.made):  # not the current hooks' block: the hooks made earlier, newest first
+            if _holds(old, ptr):
+                e = old
+                break
+        else:
+            if e is None:
+                raise ValueError(f"a free of {ptr:#x}, which these hooks do not hold")
+        core = (<tuple>e)[3]  # the block's hooks, or the current ones (their foreign free)
         if core is not None:
             (<HookPaths>core).free_c(ptr, device_id)
         else:
@@ -1216,7 +1245,7 @@ cdef void *_c_malloc(void *param, size_t nbytes, int device_id) except NULL:
     e = self.entry(device_id)
     core = (<tuple>e)[3]
     if core is not None:
-        ptr = (<HookPaths>core).malloc_c(nbytes, device_id)
+        ptr = (<HookPaths>core).malloc_n(nbytes, device_id)
     else:
         ptr = (<tuple>e)[0](nbytes, device_id)
     return <void*><intptr_t>ptr
