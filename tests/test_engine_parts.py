@@ -419,7 +419,7 @@ def test_a_miss_sees_a_size_made_hot_by_python_code_after_it_last_looked(sim, co
     assert pool.pool_size == 0
 
 
-@compiled
+@pytest.mark.skipif(core_name() != "compiled", reason="the compiled core is not built or not in use here")
 def test_the_c_hooks_called_from_c_serve_repeat_sizes_and_zero(sim):
     """CuPy's C route (``CHooks.addresses``) called from C: a repeated size is served from the cache
     with the size remembered between calls, a zero-byte request on hooks that remember nothing yet
