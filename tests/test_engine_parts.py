@@ -22,6 +22,17 @@ LOCKS = [pytest.param(threading.RLock, id="python"),
          pytest.param(getattr(_hotc, "Lock", None), id="compiled", marks=compiled)]
 
 
+def _one_mib_pool(sim, core):
+    """A pool of exactly 1 MiB on the build ``core`` ("compiled" skips where it is not built)."""
+    if core == "compiled" and _hotc is None:
+        pytest.skip("the compiled core is not built here")
+    import contextlib
+    from mrkit._engine import python_core
+    with python_core() if core == "python" else contextlib.nullcontext():
+        return mrkit.PoolResource(mrkit.DeviceMemoryResource(0, driver=sim), initial_size=1 << 20,
+                                  maximum_size=1 << 20)
+
+
 @pytest.mark.parametrize("make", LOCKS)
 def test_the_lock_behaves_as_threading_rlock(make):
     lk = make()
@@ -294,13 +305,7 @@ def test_a_size_hot_again_after_a_flush_is_cached_and_flagged(sim, core, how):
     """A flush that serves a miss remembers the hot sizes; the next free of one is cached under the
     lock (the size is hot again), and the state says it may hold a cached block. ``deferred``: the
     free finds the lock taken (rule 8) and is applied by the next locked step."""
-    if core == "compiled" and _hotc is None:
-        pytest.skip("the compiled core is not built here")
-    import contextlib
-    from mrkit._engine import python_core
-    with python_core() if core == "python" else contextlib.nullcontext():
-        pool = mrkit.PoolResource(mrkit.DeviceMemoryResource(0, driver=sim), initial_size=1 << 20,
-                                  maximum_size=1 << 20)
+    pool = _one_mib_pool(sim, core)
     s = mrkit.DEFAULT_STREAM
     for _ in range(3):  # misses twice: hot
         pool.deallocate(pool.allocate(4096, s), 4096, s)
@@ -394,13 +399,7 @@ def test_a_miss_sees_a_size_made_hot_by_python_code_after_it_last_looked(sim, co
     misses; a size made hot by the arena's Python code in between (``StreamState.register``, as a
     deferred free hot again after a flush does) must be in it: a smaller miss takes that size's
     cached block, as the Python build does."""
-    if core == "compiled" and _hotc is None:
-        pytest.skip("the compiled core is not built here")
-    import contextlib
-    from mrkit._engine import python_core
-    with python_core() if core == "python" else contextlib.nullcontext():
-        pool = mrkit.PoolResource(mrkit.DeviceMemoryResource(0, driver=sim), initial_size=1 << 20,
-                                  maximum_size=1 << 20)
+    pool = _one_mib_pool(sim, core)
     s = mrkit.DEFAULT_STREAM
     for _ in range(3):  # 8 KiB misses twice: hot
         pool.deallocate(pool.allocate(8192, s), 8192, s)
