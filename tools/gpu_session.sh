@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
 # A session's closing GPU call: the whole suite on the cuda backend (compiled core; tools/gpu_third.sh),
-# the engine's and the GPU's tests on the Python build, bench_core (CORE_ROUNDS per build, RMM beside
+# the engine's and the GPU's tests on the Python build, bench_core (CORE_ROUNDS per build in CORES, RMM beside
 # it from the carried wheels in .whl), bench_cupy_route, then tools/gpu_ab.sh against OLD (AB=0 skips
 # it). Everything lands in $OUT/results.tgz; the summary is printed.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1
 R=$(mktemp -d)
+pack() {  # after each stage: the summary so far and every result, in one archive (a run cut short keeps them)
+  { tail -n 3 "$R/pytest.txt"; tail -n 1 "$R/python_suite.txt"; grep -H -E "x$" "$R"/core_*.txt; cat "$R/ab.txt"; } \
+    > "$R/summary.txt" 2>/dev/null
+  tar czf "$OUT/results.tgz" -C "$R" .
+}
 python3 -m pip install -q --no-deps --no-index --target /tmp/rmmlib .whl/*.whl > "$R/rmm_install.txt" 2>&1
-OUT=$R BENCH=0 bash tools/gpu_third.sh > "$R/third.txt" 2>&1
+OUT=$R BENCH=0 bash tools/gpu_third.sh > "$R/third.txt" 2>&1; pack
 MRKIT_NO_EXTENSIONS=1 MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=dev PYTHONPATH=$PWD timeout ${PY_TIME:-90} \
   python3 -m pytest -q -p no:cacheprovider tests/test_engine_parts.py tests/test_finalizers.py tests/test_core.py \
   tests/test_pool.py tests/test_vmm.py tests/test_gpu.py tests/test_threads.py tests/test_gpu_integrations.py \
   tests/test_footprint_bound.py --deselect tests/test_threads.py::test_eight_threads_with_release_every_millisecond_on_the_gpu \
-  > "$R/python_suite.txt" 2>&1
+  > "$R/python_suite.txt" 2>&1; pack
 for k in $(seq ${CORE_ROUNDS:-1}); do
-  for core in 0 1; do
+  for core in ${CORES:-0 1}; do
     MRKIT_NO_EXTENSIONS=$core PYTHONPATH=$PWD:/tmp/rmmlib timeout 60 python3 benchmarks/bench_core.py --quick --rounds 3 \
-      --json "$R/core_${core}_$k.json" > "$R/core_${core}_$k.txt" 2>&1
+      --json "$R/core_${core}_$k.json" > "$R/core_${core}_$k.txt" 2>&1; pack
   done
 done
-PYTHONPATH=$PWD timeout 90 python3 benchmarks/bench_cupy_route.py --rounds 5 --json "$R/route.json" > "$R/route.txt" 2>&1
-[ "${AB:-1}" = 1 ] && OUT=$R bash tools/gpu_ab.sh > /dev/null 2>&1
-{ tail -n 3 "$R/pytest.txt"; tail -n 1 "$R/python_suite.txt"; grep -H -E "x$" "$R"/core_*.txt; cat "$R/ab.txt" 2>/dev/null; } > "$R/summary.txt"
-tar czf "$OUT/results.tgz" -C "$R" .
+PYTHONPATH=$PWD timeout 90 python3 benchmarks/bench_cupy_route.py --rounds ${ROUTE_ROUNDS:-5} --json "$R/route.json" \
+  > "$R/route.txt" 2>&1; pack
+[ "${AB:-1}" = 1 ] && OUT=$R bash tools/gpu_ab.sh > /dev/null 2>&1; pack
 cat "$R/summary.txt"
