@@ -86,20 +86,24 @@ def test_both_builds_answer_alike(steps):
         assert got == want
 
 
-def _random_trace(make, seed, ops=1500):
+def _random_trace(make, seed, ops=1500, sizes=None, nstreams=2):
     """Where (chunk, offset) a resource places its blocks over a random workload on two streams: sizes from a small set
-    (they turn hot and are cached) and random ones (best fit and coalescing on every call)."""
+    (they turn hot and are cached) and random ones (best fit and coalescing on every call); ``sizes``: every
+    size drawn from that list instead (with more sizes than a stream may cache, the cache starts afresh)."""
     import random
-    from mrkit.driver import SimDriver, set_backend
-    drv = SimDriver()
+    from mrkit.driver import SimDeviceSpec, SimDriver, set_backend
+    drv = SimDriver(devices=[SimDeviceSpec(total_memory=16 << 30)])
     set_backend(drv)
     mr = make()
     streams = [mrkit.DEFAULT_STREAM, Stream.create(0, driver=drv)]
     rng, live, out = random.Random(seed), [], []
     for _ in range(ops):
         if rng.random() < 0.52 or not live:
-            n = rng.choice([512, 4096, 70000]) if rng.random() < 0.4 else rng.randint(1, 4 << 20)
-            s = rng.randrange(2)
+            if sizes is not None:
+                n = rng.choice(sizes)
+            else:
+                n = rng.choice([512, 4096, 70000]) if rng.random() < 0.4 else rng.randint(1, 4 << 20)
+            s = rng.randrange(nstreams)
             live.append((mr.allocate(n, streams[s]), n, s))
             out.append(live[-1][0])
         else:
@@ -130,3 +134,34 @@ def test_the_compiled_miss_path_places_every_block_where_the_python_one_does(mak
         assert type(next(iter(py.arena.states.values())).free) is not _hotc.FreeList
         assert got == want
         assert mr.arena.live == {} and mr.arena.free_total() == mr.arena.held
+
+
+@compiled
+@pytest.mark.parametrize("make, full", [(lambda: PoolResource(DeviceMemoryResource(), initial_size=8 << 30), True),
+                                        (lambda: mrkit.VirtualMemoryResource(0), False)], ids=["pool", "vmm"])
+def test_both_builds_place_alike_when_more_sizes_turn_hot_than_a_stream_caches(make, full):
+    """1 200 sizes that recur, on one stream with room to spare (no miss finds the free list short):
+    in the pool more sizes turn hot than ``MAX_HOT``, so registering one starts the cache afresh (the
+    compiled ``register``), and a miss looks at many cached sizes (the compiled index of the cache); the
+    VMM (hot within 64 misses, its cache coalesced by its placement) flushes on its own. The same
+    pointers from both builds, and every byte free again at the end."""
+    import random
+    from mrkit._engine import _arena
+    rng = random.Random(7)
+    sizes = sorted({rng.randint(1, 1 << 14) * 256 - rng.randrange(256) for _ in range(1200)})
+    flushes = []
+    real_flush = _arena._StateMethods.flush
+
+    def counted(st, *args, **kw):
+        flushes.append(len(st.hot) >= _arena.MAX_HOT)
+        return real_flush(st, *args, **kw)
+    _arena._StateMethods.flush = counted
+    try:
+        got, mr = _random_trace(make, 3, ops=20000, sizes=sizes, nstreams=1)
+        with python_core():
+            want, _ = _random_trace(make, 3, ops=20000, sizes=sizes, nstreams=1)
+    finally:
+        _arena._StateMethods.flush = real_flush
+    assert got == want
+    assert any(flushes) == full, "a stream reached MAX_HOT hot sizes" if not full else "none did"
+    assert mr.arena.live == {} and mr.arena.free_total() == mr.arena.held
