@@ -6,7 +6,7 @@ import operator
 from ._stream import DEFAULT_STREAM, Stream, as_stream, order_after
 from .driver import get_driver
 
-__all__ = ["MemoryResource", "Buffer", "check_request", "check_device", "check_pointer", "upstream_chain"]
+__all__ = ["MemoryResource", "Buffer", "check_request", "check_device", "check_pointer", "unknown_pointer", "upstream_chain"]
 
 
 # The fast paths test ``alignment is not DEFAULT_ALIGNMENT``: an identity test, as cheap as ``!= 256``,
@@ -43,6 +43,12 @@ def check_pointer(ptr) -> int:
     if isinstance(ptr, bool) or not hasattr(type(ptr), "__index__"):
         raise TypeError(f"ptr must be an int, not {type(ptr).__name__}")
     return operator.index(ptr)
+
+
+def unknown_pointer(ptr, owner) -> ValueError:
+    """The error for a free of ``ptr`` that ``owner`` does not hold (never allocated there, or freed
+    already); raises ``TypeError`` instead when ``ptr`` is not an integer (:func:`check_pointer`)."""
+    return ValueError(f"ptr {check_pointer(ptr):#x} was not allocated by {owner!r} or was already freed")
 
 
 def check_device(device, name: str = "device") -> int:

@@ -11,7 +11,7 @@ import weakref
 from bisect import bisect_left, insort
 
 from .._errors import CUDAError, OutOfMemoryError
-from .._resource import check_pointer, check_request
+from .._resource import check_request, unknown_pointer
 from .._sizes import format_size
 from .._stream import DEFAULT_STREAM, Stream, as_stream, check_stream, device_scope
 from ..driver import Driver, get_driver
@@ -606,8 +606,7 @@ class Arena:
         if entry is None:
             size = self.live.pop(ptr, None)
             if size is None:
-                raise ValueError(f"ptr {check_pointer(ptr):#x} was not allocated by {self.owner!r} or was "
-                                 f"already freed")
+                raise unknown_pointer(ptr, self.owner)
             if size != nbytes or alignment > GRAIN:
                 self.live[ptr] = size
                 if size != nbytes:

@@ -26,7 +26,7 @@ Python code.
 """
 from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.ref cimport PyObject
-from cython.operator cimport dereference as deref, preincrement as inc, predecrement as dec
+from cython.operator cimport dereference as deref, preincrement as inc
 from libcpp.map cimport map as cmap
 from libcpp.set cimport set as cset
 from libcpp.utility cimport pair
@@ -40,6 +40,7 @@ from libc.string cimport memset
 from mrkit._resource import DEFAULT_ALIGNMENT
 from mrkit._stream import Stream
 from mrkit._engine._hot import checked_free_args
+from time import monotonic as _monotonic
 
 cdef object _Stream = Stream
 cdef object _DEFAULT = DEFAULT_ALIGNMENT
@@ -477,8 +478,6 @@ cdef extern from "pythread.h":
 cdef extern from "pythread.h":
     unsigned long PyThread_get_thread_ident() nogil
 
-from time import monotonic as _monotonic
-
 
 cdef class Lock:
     """An arena's lock in the compiled build. Its state (held, owner, depth, waiters) is C fields read
@@ -859,8 +858,8 @@ cdef class _Base:
     cdef int missed_again(self, object size, object stream, StateFields st) except -1:
         """The end of ``Arena.take`` (lock held): the miss counted, and the size made hot for the stream
         when it missed again within the source's ``hot_distance``. ``st``: the stream's state as the
-        take found it; when it is still attached (a state leaves the table only retired, its cache
-        None) and already has a list for the size, ``register`` would change nothing."""
+        take found it; still attached (a state leaves the table only retired, its cache None), it is
+        registered in C, else the table's state through Python."""
         if self.missed.note_c(<u64>size):
             if st is not None and st.cache is not None:  # still the table's state (rule 4)
                 self.register(st, size)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._errors import CUDAError, OutOfMemoryError
-from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_pointer, check_request
+from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_request, unknown_pointer
 from .._sizes import format_size
 from .._stream import Stream, as_stream, check_stream
 from ..driver import Driver, get_driver
@@ -231,7 +231,7 @@ class HostMemoryResource(MemoryResource):
             return
         entry = self._arrays.get(ptr)
         if entry is None:
-            raise ValueError(f"ptr {check_pointer(ptr):#x} was not allocated by {self!r} or was already freed")
+            raise unknown_pointer(ptr, self)
         if entry[1] != nbytes:
             raise ValueError(f"nbytes {nbytes} does not match the allocation of {entry[1]} bytes at {ptr:#x}")
         del self._arrays[ptr]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 
 from .._engine import GRAIN, Arena, CachingResource
-from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_pointer, check_request
+from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_request, unknown_pointer
 from .._sizes import parse_size
 from ..driver import Driver
 from ._pool import UpstreamCachingResource, UpstreamChunks
@@ -114,8 +114,7 @@ class BinningResource(UpstreamCachingResource):
             if n is None:
                 if ptr == 0 and nbytes == 0:
                     return
-                raise ValueError(f"ptr {check_pointer(ptr):#x} was not allocated by {self!r} or was "
-                                 f"already freed")
+                raise unknown_pointer(ptr, self)
             if n != nbytes:
                 raise ValueError(f"nbytes {nbytes} does not match the allocation of {n} bytes at {ptr:#x}")
             del self._large[ptr]

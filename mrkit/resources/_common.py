@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .._engine import GRAIN
-from .._resource import check_pointer, check_request
+from .._resource import check_request, unknown_pointer
 
 __all__ = ["LiveTable"]
 
@@ -24,8 +24,7 @@ class LiveTable:
             nbytes = check_request(nbytes, GRAIN, GRAIN)
         size = self.live.get(ptr)
         if size is None:
-            raise ValueError(f"ptr {check_pointer(ptr):#x} was not allocated by {self.owner!r} or was "
-                             f"already freed")
+            raise unknown_pointer(ptr, self.owner)
         if size != nbytes:
             raise ValueError(f"nbytes {nbytes} does not match the allocation of {size} bytes at {ptr:#x}")
         del self.live[ptr]
