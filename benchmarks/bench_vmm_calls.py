@@ -71,14 +71,17 @@ def main(argv=None) -> None:
             steps = bench_workload.plan(args.ops, args.max_size, 16 * GiB, seed=7 + p)
         calls.clear()
         moves, maps, in_driver = mr.moves, len(mr._src._maps), spent[0]
-        refused = [0]
+        refused, missed = [0], [0]  # missed: allocations that made a map call
 
         def alloc(n):
+            before = calls.get("mem_map", (0,))[0]
             try:
                 return mr.allocate(n, s)
             except mrkit.OutOfMemoryError:  # the footprint bound refused it: counted, the plan goes on
                 refused[0] += 1
                 return None
+            finally:
+                missed[0] += calls.get("mem_map", (0,))[0] > before
 
         def free(p, n):
             if p is not None:
@@ -88,7 +91,8 @@ def main(argv=None) -> None:
               f"driver calls; {mr.moves - moves} moves; {maps} mappings held at the start; physical high "
               f"{mr.mapped_high / GiB:.2f} GiB; "
               f"{sum(calls.get(k, (0, 0))[0] for k in ('mem_map', 'mem_unmap')) / sum(op == 'a' for op, *_ in steps):.2f} "
-              f"map/unmap calls per allocation; {refused[0]} refused")
+              f"map/unmap calls per allocation; {missed[0] / len(steps):.3f} misses per operation (allocations that "
+              f"mapped), {calls.get('mem_map', (0,))[0] / max(missed[0], 1):.1f} maps per miss; {refused[0]} refused")
         for name, (count, sec) in sorted(calls.items(), key=lambda c: -c[1][1]):
             print(f"    {name:20s} {count:6d} calls {sec * 1e3:9.2f} ms {sec * 1e6 / count:9.1f} us/call")
     mr.close()
