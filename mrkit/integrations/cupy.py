@@ -5,13 +5,16 @@ when it frees, so each block is freed on the stream it was allocated on, when Cu
 reference.
 
 The device allocator keeps CuPy's pool contract: every request is rounded up to 512 bytes
-(:data:`ALLOCATION_UNIT`), that much is allocated, and ``mem.size`` says so. It builds CuPy's own
-(compiled) ``PythonFunctionAllocatorMemory`` with the hooks of the current device's resource: CuPy
-calls mrkit's ``malloc(size, device_id)`` and, when it drops the memory, that memory's own
-``free(ptr, device_id)``, so every block goes back to the resource it came from whatever happened to
-the current resource since. Over a pool those two hooks are the pool's hot path itself (see
-``mrkit._engine``). Frees that arrive while the interpreter exits are accepted silently and counted
-(:func:`late_frees`).
+(:data:`ALLOCATION_UNIT`), that much is allocated, and ``mem.size`` says so. Each block is served by
+the hooks of the current device's resource (``malloc(size, device_id)``) and goes back through the
+free hook of the resource it came from, whatever happened to the current resource since. In the
+compiled build CuPy calls the engine's C hooks through its ``CFunctionAllocator`` (no Python object
+per block; CuPy's memory object is never cleared by the garbage collector). In the Python build a
+block is CuPy's ``UnownedMemory`` owned by a :class:`CupyBlock`, whose finalizer frees it: Python runs
+finalizers before the collector clears anything of a cycle, so a block in a garbage cycle is freed
+once (CuPy's ``PythonFunctionAllocatorMemory`` would lose its free function to the collector's clear
+and leak). Over a pool the hooks are the pool's hot path itself (see ``mrkit._engine``). Frees that
+arrive while the interpreter exits are accepted silently and counted (:func:`late_frees`).
 """
 from __future__ import annotations
 
