@@ -315,6 +315,33 @@ def _counting(drv, *names):
     return calls
 
 
+def test_footprint_limit_places_a_request_in_a_mapped_stretch_inside_a_larger_free_block():
+    """Issue 33: under RMM's rules a quarter of the footprint-limited VMM's allocations mapped pages, where
+    an idealised allocator (benchmarks/bench_vmm_floor.py) needs about half as many: a request was placed
+    at either end of a free block, so a mapped stretch in the middle of a larger, partly unmapped free
+    block was never used and its pages were moved instead. Placement now looks there before it maps."""
+    drv = SimDriver([SimDeviceSpec(total_memory=256 * MiB)])
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(footprint_limit=1.0), driver=drv)
+    s = Stream.create(driver=drv)
+    x, y, z = (mr.allocate(16 * MiB, s) for _ in range(3))
+    t = mr.allocate(2 * MiB, s)  # keeps z's hole apart from the free memory at the top
+    assert (y, z, t) == (x + 16 * MiB, x + 32 * MiB, x + 48 * MiB)
+    mr.deallocate(x, 16 * MiB, s)
+    mr.deallocate(z, 16 * MiB, s)
+    w = mr.allocate(32 * MiB, s)  # fits neither hole: above t, the holes' pages moved into it (1.0 x 50)
+    assert w == x + 50 * MiB and mr.physical_bytes == 50 * MiB and mr.moves == 2
+    mr.deallocate(y, 16 * MiB, s)  # one free block [x, x + 48 MiB): only y's 16 MiB in its middle mapped
+    calls = _counting(drv, "mem_create", "mem_unmap", "mem_map")
+    moves = mr.moves
+    v = mr.allocate(12 * MiB, s)
+    assert v == y and calls == {"mem_create": 0, "mem_unmap": 0, "mem_map": 0} and mr.moves == moves
+    drv.memset_async(v, 1, 12 * MiB, s.handle)  # mapped: the simulator faults on an unmapped byte
+    for p, n in ((v, 12 * MiB), (w, 32 * MiB), (t, 2 * MiB)):
+        mr.deallocate(p, n, s)
+    mr.close()
+    assert drv.mapped_bytes() == 0
+
+
 def test_footprint_limit_moves_free_pages_instead_of_creating_new_ones():
     drv = SimDriver([SimDeviceSpec(total_memory=256 * MiB)])
     mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(footprint_limit=1.0), driver=drv)
@@ -533,7 +560,9 @@ def test_footprint_limit_moves_stay_steady_pass_after_pass():
         bench.replay(steps, lambda n: mr.allocate(n, s), lambda p, n: mr.deallocate(p, n, s))
         moves.append(mr.moves - m0)
         maps.append(len(mr._src._maps))
-    assert max(moves[1:]) <= 1.25 * moves[1], moves
+    # level, not growing: the last two passes move about what the first two warm ones did (the bug grew
+    # by 37 % between them, and kept growing); one pass may differ from the next by 15 % either way
+    assert sum(moves[-2:]) <= 1.2 * sum(moves[1:3]), moves
     assert max(maps) <= 1.25 * maps[0], maps
     live = peak_live = 0
     for kind, n, _ in steps:
