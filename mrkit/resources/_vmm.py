@@ -373,12 +373,19 @@ class _VirtualChunks(ChunkSource):
             self._map_block(ptr, size, stream)
             return ptr
         except FootprintLimitError:
-            # the limit, not the device: the free block that needs the fewest new pages, if that
-            # is another one; else the refusal stands
-            other = self._fit_fewest_missing(self.arena.state(stream).free, size)
-            if other is None or other == ptr:
+            # the limit, not the device. Free memory of other streams can neither move (a mapping
+            # split between two free lists lies wholly in neither) nor take the request: wait for
+            # those streams and take it over (the block just given back coalesces with it), then try
+            # the free block that needs the fewest new pages (with nothing gathered, a block other than
+            # the one refused, else the refusal stands)
+            st = self.arena.state(stream)
+            gathered = any(o is not st and (o.free or o.cached()) for o in list(self.arena.states.values()))
+            if gathered:
+                self.arena.quiesce(st)
+            other = self._fit_fewest_missing(st.free, size)
+            if other is None or (other == ptr and not gathered):
                 if other is not None:
-                    self.arena.state(stream).free.insert(other, size, self.arena.boundaries)
+                    st.free.insert(other, size, self.arena.boundaries)
                 raise
             self._map_block(other, size, stream)
             return other

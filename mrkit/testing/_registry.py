@@ -52,5 +52,5 @@ BUILTIN_FACTORIES = {
     "vmm(256 MiB mappings)": lambda drv: VirtualMemoryResource(
         0, VirtualMemoryResourceOptions(max_mapping="256 MiB"), driver=drv),
     "vmm(moving pages, footprint_limit=1.0)": lambda drv: VirtualMemoryResource(
-        0, VirtualMemoryResourceOptions(max_mapping="4 MiB", footprint_limit=1.0), driver=drv),
+        0, VirtualMemoryResourceOptions(max_mapping="16 MiB", footprint_limit=1.0), driver=drv),
 }
