@@ -365,15 +365,16 @@ def make_state_machine(factory: Callable[[Driver], MemoryResource], *, backend: 
             big = self._allocate(2 * unit, 256, t, True)
             return multiple(*[b for b in (c, big) if b is not None])
 
-        @precondition(lambda self: self.mr is not None)
+        @precondition(lambda self: self.mr is not None and self.limited)
         @rule(target=blocks, sizes=st.lists(st.integers(1, 1 << 17), min_size=2, max_size=4),
               si=st.integers(0, 7), extra=st.sampled_from([1, 2 << 20, (2 << 20) + 4096, 4 << 20]))
         def gather(self, sizes, si, extra):
             """Memory freed on several streams, then gathered: small filled blocks, each on its own
             stream and freed there (the free memory ends up split between those streams' lists), then
-            one block on the first stream as large as all of them and ``extra`` more. The resource
-            must order it after every stream whose memory it takes (a VMM with a footprint limit
-            moves or reuses those pages, within its bound)."""
+            one block on the first stream as large as all of them and ``extra`` more. A VMM with a
+            footprint limit (the resources this rule runs on) must move or reuse those pages within its
+            bound, ordered after every stream whose memory it takes; other resources meet cross-stream
+            reuse in ``fragment`` and in their steals."""
             got = []
             for k, n in enumerate(sizes):
                 b = self._allocate(n, 256, self._stream(si + k), True)
