@@ -8,11 +8,7 @@ export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1
 R=$(mktemp -d)
 pack() { tar czf "$OUT/results.tgz" -C "$R" .; }
 OUT=$R BENCH=0 bash tools/gpu_third.sh > "$R/third.txt" 2>&1; pack
-MRKIT_NO_EXTENSIONS=1 MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=dev PYTHONPATH=$PWD timeout ${PY_TIME:-90} \
-  python3 -m pytest -q -p no:cacheprovider tests/test_engine_parts.py tests/test_finalizers.py tests/test_core.py \
-  tests/test_pool.py tests/test_vmm.py tests/test_gpu.py tests/test_threads.py tests/test_gpu_integrations.py \
-  tests/test_footprint_bound.py --deselect tests/test_threads.py::test_eight_threads_with_release_every_millisecond_on_the_gpu \
-  > "$R/python_suite.txt" 2>&1; pack
+bash tools/gpu_python_suite.sh > "$R/python_suite.txt" 2>&1; pack
 ONLY="${ONLY:-mrkit vmm footprint_limit=1.1,mrkit vmm,torch expandable segments}"
 for rules in ${RULES:-rmm bench}; do
   PYTHONPATH=$PWD timeout ${WL_TIME:-100} python3 benchmarks/bench_workload.py --rules $rules --ops 1000 --timeout 30 \

@@ -13,11 +13,7 @@ pack() {  # after each stage: the summary so far and every result, in one archiv
 }
 python3 -m pip install -q --no-deps --no-index --target /tmp/rmmlib .whl/*.whl > "$R/rmm_install.txt" 2>&1
 OUT=$R BENCH=0 bash tools/gpu_third.sh > "$R/third.txt" 2>&1; pack
-MRKIT_NO_EXTENSIONS=1 MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=dev PYTHONPATH=$PWD timeout ${PY_TIME:-90} \
-  python3 -m pytest -q -p no:cacheprovider tests/test_engine_parts.py tests/test_finalizers.py tests/test_core.py \
-  tests/test_pool.py tests/test_vmm.py tests/test_gpu.py tests/test_threads.py tests/test_gpu_integrations.py \
-  tests/test_footprint_bound.py --deselect tests/test_threads.py::test_eight_threads_with_release_every_millisecond_on_the_gpu \
-  > "$R/python_suite.txt" 2>&1; pack
+bash tools/gpu_python_suite.sh > "$R/python_suite.txt" 2>&1; pack
 for k in $(seq ${CORE_ROUNDS:-1}); do
   for core in ${CORES:-0 1}; do
     MRKIT_NO_EXTENSIONS=$core PYTHONPATH=$PWD:/tmp/rmmlib timeout 60 python3 benchmarks/bench_core.py --quick --rounds 3 \
