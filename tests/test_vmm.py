@@ -366,6 +366,30 @@ def test_footprint_limit_gathers_other_streams_free_memory_before_it_refuses():
     assert drv.mapped_bytes() == 0
 
 
+def test_footprint_limit_places_a_refused_request_beside_a_mapped_stretch_before_refusing():
+    """Issue 33: the last placement before a refusal looked only at either end of each free block. With
+    nothing live, 10 MiB mapped in the middle of one 22 MiB free block and 14 MiB asked, either end
+    needs 6 MiB more (16 MiB held, past the bound of 1.0 x the 13.6 MiB peak plus a page); starting at
+    the mapped stretch needs 4 MiB (14 MiB held). It is refused no more: with nothing live, every
+    mapping can move, so the bound always has room."""
+    drv = SimDriver([SimDeviceSpec(total_memory=32 * MiB)])
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(footprint_limit=1.0, max_mapping="16 MiB"), driver=drv)
+    s0, s1, s2 = (Stream.create(driver=drv) for _ in range(3))
+    a = mr.allocate(5061659, s1)  # pages 0-2
+    b = mr.allocate(2430559, s2)  # pages 3-4
+    mr.deallocate(a, 5061659, s1)
+    c = mr.allocate(7204076, s0)  # pages 5-7, a's pages moved there
+    mr.deallocate(c, 7204076, s0)
+    mr.deallocate(b, 2430559, s2)
+    assert mr.physical_bytes == 10 * MiB and mr.live_bytes == 0
+    d = mr.allocate(14244501, s0)
+    assert mr.physical_bytes == 14 * MiB and d == b
+    drv.memset_async(d, 3, 14244501, s0.handle)
+    mr.deallocate(d, 14244501, s0)
+    mr.close()
+    assert drv.mapped_bytes() == 0
+
+
 def test_footprint_limit_moves_free_pages_instead_of_creating_new_ones():
     drv = SimDriver([SimDeviceSpec(total_memory=256 * MiB)])
     mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(footprint_limit=1.0), driver=drv)

@@ -347,11 +347,44 @@ class _VirtualChunks(ChunkSource):
                     return best
         return best
 
+    def _stretch_spots(self, ptr: int, bsize: int, size: int) -> tuple:
+        """Where ``size`` bytes inside the free block ``[ptr, ptr + bsize)`` start or end with a mapped
+        stretch of it (besides the block's two ends)."""
+        page, base, starts, end = self.page, self.base, self._cov.starts, self._cov.end
+        lo_p, hi_p = (ptr - base) // page, (ptr + bsize - base + page - 1) // page
+        i = max(0, bisect_right(starts, lo_p) - 1)
+        last, out = ptr + bsize - size, []
+        while i < len(starts) and starts[i] < hi_p:
+            a, b = base + starts[i] * page, base + end[starts[i]] * page
+            if ptr < a <= last:
+                out.append(a)
+            if ptr <= b - size < last:
+                out.append(b - size)
+            i += 1
+        return tuple(out)
+
     def _fit_fewest_missing(self, free: FreeList, size: int) -> int | None:
-        """Cut ``size`` bytes from the free block (at either end) that needs the fewest pages mapped,
-        over every free block that holds it (the footprint limit's last placement before a refusal);
-        None when nothing fits."""
-        best = self._least_missing([(n, p) for p, n in free.items() if n >= size], size)
+        """Cut ``size`` bytes from a free block (over every free block that holds it: the footprint
+        limit's last placement before a refusal), at either end of it or beside a mapped stretch inside
+        it, where the fewest pages must be *created*: the pages missing there, less what can move to
+        them (spare allocations, and mappings lying wholly in free memory outside that place) — then
+        where the fewest are missing. None when nothing fits."""
+        page, base, cov = self.page, self.base, self._cov
+        movable = [(lo, hi) for _, (_, _, _, lo, hi, _) in self._free_runs(None)]
+        supply = sum(hi - lo for lo, hi in movable) + self._spare_bytes
+        best = None
+        for ptr, bsize in free.items():
+            if bsize < size:
+                continue
+            spots = (ptr,) if bsize == size else (ptr, ptr + bsize - size) + self._stretch_spots(ptr, bsize, size)
+            for at in spots:
+                lo, hi = (at - base) // page, (at + size - 1 - base) // page + 1
+                missing = sum(b - a for a, b in cov.gaps(lo, hi)) * page
+                a_lo, a_hi = base + lo * page, base + hi * page  # the pages the block touches
+                inside = sum(h - l for l, h in movable if l < a_hi and h > a_lo)
+                key = (max(0, missing - (supply - inside)), missing)
+                if best is None or key < best[0]:
+                    best = (key, ptr, at)
         if best is None:
             return None
         _, ptr, at = best
@@ -430,6 +463,17 @@ class _VirtualChunks(ChunkSource):
             self.release_async(free - limit // 2)
 
     def _ensure_mapped(self, ptr: int, size: int, short: bool = False) -> None:
+        """:meth:`_map_missing`; if it fails, the footprint limit's marks are as they were: a request
+        the device refused after the bound allowed it must not leave the bound raised (the physical
+        memory could otherwise grow later to what only that refused request would have justified)."""
+        marks = self._allowance, self._live_high
+        try:
+            self._map_missing(ptr, size, short)
+        except BaseException:
+            self._allowance, self._live_high = marks
+            raise
+
+    def _map_missing(self, ptr: int, size: int, short: bool = False) -> None:
         """Map every missing page of [ptr, ptr+size), in runs of up to ``max_mapping`` (or the size
         of a spare physical allocation being moved here), as one transaction: if any step fails, the
         runs mapped by this call are unmapped, created ones released and moved ones kept spare.
