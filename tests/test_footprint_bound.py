@@ -28,8 +28,11 @@ OPS = st.lists(st.one_of(
 ), min_size=1, max_size=60)
 
 
-def _run(limit, max_mapping, program, total=4 << 30):
-    drv = SimDriver(devices=[SimDeviceSpec(total_memory=total)], policy="eager")
+def _run(limit, max_mapping, program, total=4 << 30, seed=None):
+    # seed: the simulator runs queued work in a random (seeded) order, and every block is written on its
+    # stream when allocated, so frees and non-blocking trims find work still queued
+    drv = SimDriver(devices=[SimDeviceSpec(total_memory=total)],
+                    **({"policy": "eager"} if seed is None else {"policy": "random", "seed": seed}))
     base = drv.mem_get_info(0)[0]
     mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(
         footprint_limit=limit, max_mapping=max_mapping, page_size=PAGE), driver=drv)
@@ -51,6 +54,8 @@ def _run(limit, max_mapping, program, total=4 << 30):
                     assert mr.live_bytes == before, f"step {step}: a refusal changed the live bytes"
                     continue
                 live[ptr] = (n, s)
+                if seed is not None:
+                    drv.memset_async(ptr, 1, n, s.handle)
                 rounded = sum((m + 255) & -256 for m, _ in live.values())  # the arena's 256-byte grain
                 bound = max(bound, int(limit * rounded) + PAGE * len(live))
             elif op[0] == "free" and live:
@@ -92,25 +97,31 @@ def test_blocks_much_larger_than_the_others_leave_no_run_stranded_past_the_limit
 
 def _small_program(rnd, total: int) -> list:
     """30 steps: allocations of 1 byte to half the device on three streams, frees of a random live
-    block about half the time (drawn from ``rnd``, so that sizes spread evenly over the range)."""
+    block about half the time, a trim (blocking or not) now and then (drawn from ``rnd``, so that sizes
+    spread evenly over the range)."""
     program, n_live = [], 0
     for _ in range(30):
-        if n_live and rnd.random() < 0.5:
+        r = rnd.random()
+        if n_live and r < 0.45:
             program.append(("free", rnd.randrange(10 ** 6)))
             n_live -= 1
+        elif r < 0.55:
+            program.append((rnd.choice(["trim", "trim_async"]),))
         else:
             program.append(("alloc", rnd.randint(1, total // 2), rnd.randrange(3)))
             n_live += 1
     return program
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(total=st.sampled_from([16 * MiB, 32 * MiB, 64 * MiB]), rnd=st.randoms(use_true_random=True))
 def test_the_footprint_limit_holds_on_a_small_device(total, rnd):
-    """The same on a device of 16 to 64 MiB with requests up to half of it, runs of up to 16 MiB and a
-    limit of 1.0: runs shrink near a full device, and a request placed only at either end of a free
-    block was refused with nothing live where a place beside a mapped stretch inside it fits the bound."""
-    _run(1.0, "16 MiB", _small_program(rnd, total), total)
+    """The same on a device of 16 to 64 MiB with requests up to half of it, runs of up to 16 MiB, a
+    limit of 1.0, trims, and work still queued (each block written on its stream, queued work run in a
+    random order): runs shrink near a full device; it found a bound raised by a request the device
+    refused, requests refused with nothing live where a place beside a mapped stretch fits the bound,
+    and refusals while a non-blocking trim's mappings waited for their streams."""
+    _run(1.0, "16 MiB", _small_program(rnd, total), total, seed=rnd.randrange(1 << 30))
 
 
 def test_a_request_the_device_refuses_leaves_the_bound_where_it_was():

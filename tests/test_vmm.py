@@ -390,6 +390,27 @@ def test_footprint_limit_places_a_refused_request_beside_a_mapped_stretch_before
     assert drv.mapped_bytes() == 0
 
 
+def test_footprint_limit_waits_for_its_pending_releases_before_it_refuses():
+    """Issue 33: ``trim(wait=False)`` sets free mappings aside behind an event until their streams' work
+    is done; they stay held but lie in no free list, so they can neither move nor take a request. A
+    16 MiB request with nothing live was refused (8 MiB set aside + 16 MiB new past the bound of 1.0 x
+    16 MiB + a page). Before refusing, the VMM now waits for those events and releases the mappings."""
+    drv = SimDriver([SimDeviceSpec(total_memory=256 * MiB)])
+    mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(footprint_limit=1.0), driver=drv)
+    s = Stream.create(driver=drv)
+    p = mr.allocate(8 * MiB, s)
+    drv.memset_async(p, 7, 8 * MiB, s.handle)  # still queued when the block is freed
+    mr.deallocate(p, 8 * MiB, s)
+    assert mr.trim(wait=False) == 0 and mr.mapped_bytes == 8 * MiB  # set aside behind an event
+    q = mr.allocate(16 * MiB, s)
+    assert mr.physical_bytes <= 16 * MiB + 2 * MiB
+    drv.memset_async(q, 1, 16 * MiB, s.handle)
+    mr.deallocate(q, 16 * MiB, s)
+    mr.close()
+    drv.run_all()
+    assert drv.mapped_bytes() == 0
+
+
 def test_footprint_limit_moves_free_pages_instead_of_creating_new_ones():
     drv = SimDriver([SimDeviceSpec(total_memory=256 * MiB)])
     mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(footprint_limit=1.0), driver=drv)

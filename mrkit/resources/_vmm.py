@@ -403,17 +403,22 @@ class _VirtualChunks(ChunkSource):
             self._map_block(ptr, size, stream)
             return ptr
         except FootprintLimitError:
-            # the limit, not the device. Free memory of other streams can neither move (a mapping
-            # split between two free lists lies wholly in neither) nor take the request: wait for
-            # those streams and take it over (the block just given back coalesces with it), then try
-            # the free block that needs the fewest new pages (with nothing gathered, a block other than
-            # the one refused, else the refusal stands)
+            # the limit, not the device. Mappings set aside by a non-blocking release are held but in
+            # no free list, and free memory of other streams can neither move (a mapping split
+            # between two free lists lies wholly in neither) nor take the request: wait for the
+            # set-aside ones and release them, wait for those streams and take their free memory over
+            # (the block just given back coalesces with it), then try the free block that needs the
+            # fewest new pages (with nothing changed, a block other than the one refused, else the
+            # refusal stands)
             st = self.arena.state(stream)
-            gathered = any(o is not st and (o.free or o.cached()) for o in list(self.arena.states.values()))
-            if gathered:
+            changed = bool(self._pending)
+            if changed:
+                self._drain_pending(wait=True)
+            if any(o is not st and (o.free or o.cached()) for o in list(self.arena.states.values())):
                 self.arena.quiesce(st)
+                changed = True
             other = self._fit_fewest_missing(st.free, size)
-            if other is None or (other == ptr and not gathered):
+            if other is None or (other == ptr and not changed):
                 if other is not None:
                     st.free.insert(other, size, self.arena.boundaries)
                 raise
