@@ -6,7 +6,8 @@ import operator
 from ._stream import DEFAULT_STREAM, Stream, as_stream, order_after
 from .driver import get_driver
 
-__all__ = ["MemoryResource", "Buffer", "check_request", "check_device", "check_pointer", "unknown_pointer", "upstream_chain"]
+__all__ = ["MemoryResource", "Buffer", "check_request", "check_device", "check_pointer", "unknown_pointer",
+           "size_mismatch", "upstream_chain"]
 
 
 # The fast paths test ``alignment is not DEFAULT_ALIGNMENT``: an identity test, as cheap as ``!= 256``,
@@ -49,6 +50,11 @@ def unknown_pointer(ptr, owner) -> ValueError:
     """The error for a free of ``ptr`` that ``owner`` does not hold (never allocated there, or freed
     already); raises ``TypeError`` instead when ``ptr`` is not an integer (:func:`check_pointer`)."""
     return ValueError(f"ptr {check_pointer(ptr):#x} was not allocated by {owner!r} or was already freed")
+
+
+def size_mismatch(nbytes, size, ptr) -> ValueError:
+    """The error for a free of ``ptr`` whose ``nbytes`` is not the ``size`` it was allocated with."""
+    return ValueError(f"nbytes {nbytes} does not match the allocation of {size} bytes at {ptr:#x}")
 
 
 def check_device(device, name: str = "device") -> int:

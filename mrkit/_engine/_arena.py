@@ -11,7 +11,7 @@ import weakref
 from bisect import bisect_left, insort
 
 from .._errors import CUDAError, OutOfMemoryError
-from .._resource import check_request, unknown_pointer
+from .._resource import check_request, size_mismatch, unknown_pointer
 from .._sizes import format_size
 from .._stream import DEFAULT_STREAM, Stream, as_stream, check_stream, device_scope
 from ..driver import Driver, get_driver
@@ -610,7 +610,7 @@ class Arena:
             if size != nbytes or alignment > GRAIN:
                 self.live[ptr] = size
                 if size != nbytes:
-                    raise ValueError(f"nbytes {nbytes} does not match the allocation of {size} bytes at {ptr:#x}")
+                    raise size_mismatch(nbytes, size, ptr)
                 raise ValueError(f"alignment {alignment} does not match the allocation at {ptr:#x} "
                                  f"(made with an alignment of at most {GRAIN})")
             return ptr, (nbytes + 255) & -256
@@ -618,7 +618,7 @@ class Arena:
         if n != nbytes or alignment != align:
             self.aligned[ptr] = entry
             if n != nbytes:
-                raise ValueError(f"nbytes {nbytes} does not match the allocation of {n} bytes at {ptr:#x}")
+                raise size_mismatch(nbytes, n, ptr)
             raise ValueError(f"alignment {alignment} does not match the allocation at {ptr:#x} "
                              f"(made with alignment {align})")
         return block, size

@@ -6,7 +6,7 @@ import traceback
 from typing import Callable
 
 from .._errors import OutOfMemoryError
-from .._resource import MemoryResource, check_pointer, check_request
+from .._resource import MemoryResource, check_pointer, check_request, size_mismatch
 from .._sizes import format_size, parse_size
 from ._base import Adaptor
 
@@ -95,7 +95,7 @@ class TrackingAdaptor(Adaptor):
                 raise ValueError(f"ptr {check_pointer(ptr):#x} was never handed out by {self!r} (or was "
                                  f"already freed)")
             if entry[0] != nbytes:
-                raise ValueError(f"nbytes {nbytes} does not match the allocation of {entry[0]} bytes at {ptr:#x}")
+                raise size_mismatch(nbytes, entry[0], ptr)
             del self._live[ptr]
         try:
             self._up_free(ptr, nbytes, stream, alignment)

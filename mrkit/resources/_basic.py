@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._errors import CUDAError, OutOfMemoryError
-from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_request, unknown_pointer
+from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_request, size_mismatch, unknown_pointer
 from .._sizes import format_size
 from .._stream import Stream, as_stream, check_stream
 from ..driver import Driver, get_driver
@@ -233,7 +233,7 @@ class HostMemoryResource(MemoryResource):
         if entry is None:
             raise unknown_pointer(ptr, self)
         if entry[1] != nbytes:
-            raise ValueError(f"nbytes {nbytes} does not match the allocation of {entry[1]} bytes at {ptr:#x}")
+            raise size_mismatch(nbytes, entry[1], ptr)
         del self._arrays[ptr]
 
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 
 from .._engine import GRAIN, Arena, CachingResource
-from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_request, unknown_pointer
+from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_request, size_mismatch, unknown_pointer
 from .._sizes import parse_size
 from ..driver import Driver
 from ._pool import UpstreamCachingResource, UpstreamChunks
@@ -96,7 +96,7 @@ class BinningResource(UpstreamCachingResource):
         n = self._sizes.get(ptr)
         if n is not None:
             if n != nbytes:
-                raise ValueError(f"nbytes {nbytes} does not match the allocation of {n} bytes at {ptr:#x}")
+                raise size_mismatch(nbytes, n, ptr)
             if alignment > GRAIN:
                 raise ValueError(f"alignment {alignment} does not match the allocation at {ptr:#x} "
                                  f"(made with an alignment of at most {GRAIN})")
@@ -116,7 +116,7 @@ class BinningResource(UpstreamCachingResource):
                     return
                 raise unknown_pointer(ptr, self)
             if n != nbytes:
-                raise ValueError(f"nbytes {nbytes} does not match the allocation of {n} bytes at {ptr:#x}")
+                raise size_mismatch(nbytes, n, ptr)
             del self._large[ptr]
         self.upstream.deallocate(ptr, nbytes, stream, alignment)
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .._engine import GRAIN
-from .._resource import check_request, unknown_pointer
+from .._resource import check_request, size_mismatch, unknown_pointer
 
 __all__ = ["LiveTable"]
 
@@ -26,7 +26,7 @@ class LiveTable:
         if size is None:
             raise unknown_pointer(ptr, self.owner)
         if size != nbytes:
-            raise ValueError(f"nbytes {nbytes} does not match the allocation of {size} bytes at {ptr:#x}")
+            raise size_mismatch(nbytes, size, ptr)
         del self.live[ptr]
         return size
 
