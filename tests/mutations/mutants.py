@@ -121,9 +121,8 @@ MUTANTS = [
            "            if used + nbytes > self.limit:", "            if used > self.limit:",
            ("limiting(pool(cuda), 4 MiB)", "retry(limiting(pool(cuda)))")),
     Mutant("tracking adaptor keeps freed allocations", "adaptors/_others.py",
-           "                raise ValueError(f\"nbytes {nbytes} does not match the allocation of {entry[0]} bytes at {ptr:#x}\")\n"
-           "            del self._live[ptr]",
-           "                raise ValueError(f\"nbytes {nbytes} does not match the allocation of {entry[0]} bytes at {ptr:#x}\")",
+           "                raise size_mismatch(nbytes, entry[0], ptr)\n            del self._live[ptr]",
+           "                raise size_mismatch(nbytes, entry[0], ptr)",
            ("tracking(logging(pool(cuda)))",)),
     Mutant("logging adaptor drops frees", "adaptors/_logging.py",
            "        buf.append(event)\n        try:\n            self._up_free(ptr, nbytes, stream, alignment)",
