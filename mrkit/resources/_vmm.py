@@ -274,10 +274,23 @@ class _VirtualChunks(ChunkSource):
             ptr = got[1][1]
         return self._covered(ptr, size)
 
+    def _pages(self, ptr: int, size: int) -> tuple[int, int]:
+        """The pages ``[ptr, ptr + size)`` touches, as a half-open range of page indices."""
+        base, page = self.base, self.page
+        return (ptr - base) // page, (ptr + size - 1 - base) // page + 1
+
     def _covered(self, ptr: int, size: int) -> bool:
         """Whether every page of ``[ptr, ptr + size)`` is mapped."""
-        base, page = self.base, self.page
-        return self._cov.covers((ptr - base) // page, (ptr + size - 1 - base) // page + 1)
+        return self._cov.covers(*self._pages(ptr, size))
+
+    def _missing(self, ptr: int, size: int) -> int:
+        """How many pages of ``[ptr, ptr + size)`` are not mapped."""
+        return sum(b - a for a, b in self._cov.gaps(*self._pages(ptr, size)))
+
+    @staticmethod
+    def _ends(ptr: int, bsize: int, size: int) -> tuple:
+        """Where ``size`` bytes may start at either end of the free block ``[ptr, ptr + bsize)``."""
+        return (ptr,) if bsize == size else (ptr, ptr + bsize - size)
 
     def _fit_mapped(self, free: FreeList, size: int, top: int | None) -> int | None:
         """Placement that saves driver calls: of the few smallest free blocks that hold ``size``
@@ -327,14 +340,12 @@ class _VirtualChunks(ChunkSource):
         ``size``; ``top`` skipped), where ``size`` bytes would need the fewest pages mapped, at
         whichever end of its block needs fewer (the first such, stopping at none missing); None when
         there is none."""
-        page, base, cov = self.page, self.base, self._cov
         best = None
         for bsize, ptr in blocks:
             if ptr == top:
                 continue
-            for at in ((ptr,) if bsize == size else (ptr, ptr + bsize - size)):
-                lo, hi = (at - base) // page, (at + size - 1 - base) // page + 1
-                missing = sum(b - a for a, b in cov.gaps(lo, hi))
+            for at in self._ends(ptr, bsize, size):
+                missing = self._missing(at, size)
                 if best is None or missing < best[0]:
                     best = (missing, ptr, at)
                 if missing == 0:
@@ -366,17 +377,16 @@ class _VirtualChunks(ChunkSource):
         it, where the fewest pages must be *created*: the pages missing there, less what can move to
         them (spare allocations, and mappings lying wholly in free memory outside that place) — then
         where the fewest are missing. None when nothing fits."""
-        page, base, cov = self.page, self.base, self._cov
+        page, base = self.page, self.base
         movable = [(lo, hi) for _, (_, _, _, lo, hi, _) in self._free_runs(None)]
         supply = sum(hi - lo for lo, hi in movable) + self._spare_bytes
         best = None
         for ptr, bsize in free.items():
             if bsize < size:
                 continue
-            ends = (ptr,) if bsize == size else (ptr, ptr + bsize - size)
-            for at in ends + self._stretch_spots(ptr, bsize, size):
-                lo, hi = (at - base) // page, (at + size - 1 - base) // page + 1
-                missing = sum(b - a for a, b in cov.gaps(lo, hi)) * page
+            for at in self._ends(ptr, bsize, size) + self._stretch_spots(ptr, bsize, size):
+                missing = self._missing(at, size) * page
+                lo, hi = self._pages(at, size)
                 a_lo, a_hi = base + lo * page, base + hi * page  # the pages the block touches
                 inside = sum(h - l for l, h in movable if l < a_hi and h > a_lo)
                 key = (max(0, missing - (supply - inside)), missing)
@@ -482,7 +492,7 @@ class _VirtualChunks(ChunkSource):
         ``short``: the device is out of memory, so first unmap free mappings enough for every missing
         page and move them here (whatever their sizes), creating only what they do not cover."""
         page, base = self.page, self.base
-        gaps = self._cov.gaps((ptr - base) // page, (ptr + size - 1 - base) // page + 1)
+        gaps = self._cov.gaps(*self._pages(ptr, size))
         if not gaps:
             return
         limit = self.options.footprint_limit
