@@ -197,10 +197,12 @@ def test_releasing_before_the_event_completes_would_be_caught():
     assert v.value.kind == "unmapped"
 
 
-@given(st.lists(st.tuples(st.booleans(), st.integers(0, 60), st.integers(1, 12)), max_size=60))
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 60), st.integers(1, 12)), max_size=60),
+       st.lists(st.tuples(st.integers(0, 79), st.integers(1, 30)), min_size=1, max_size=8))
 @settings(max_examples=200, deadline=None)
-def test_coverage_matches_a_set_of_pages(ops):
-    """The coalesced page ranges answer like a plain set of mapped pages."""
+def test_coverage_matches_a_set_of_pages(ops, windows):
+    """The coalesced page ranges answer like a plain set of mapped pages: the gaps, the count of
+    missing pages and whether a window is covered, over any window."""
     from mrkit.resources._vmm import _Coverage
     cov, pages = _Coverage(), set()
     for add, a, n in ops:
@@ -216,6 +218,10 @@ def test_coverage_matches_a_set_of_pages(ops):
         assert all(cov.end[s] > s for s in cov.starts) and cov.starts == sorted(cov.end)
         # coalesced: no two ranges touch
         assert all(cov.end[x] < y for x, y in zip(cov.starts, cov.starts[1:]))
+        for lo, n in windows:
+            want = sum(p not in pages for p in range(lo, lo + n))
+            assert cov.missing(lo, lo + n) == want, (lo, n)
+            assert cov.covers(lo, lo + n) == (want == 0), (lo, n)
 
 
 def test_growth_reuses_a_free_tail_instead_of_carving_past_it(backend):
