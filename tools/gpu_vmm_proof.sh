@@ -10,3 +10,12 @@ MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=dev timeout ${T1:
   $T --deselect tests/test_threads.py::test_eight_threads_with_release_every_millisecond_on_the_gpu 2>&1 | tail -n 3
 MRKIT_NO_EXTENSIONS=1 MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=dev timeout ${T2:-60} python3 -m pytest -q \
   -p no:cacheprovider tests/test_vmm.py tests/test_footprint_bound.py tests/test_gpu.py 2>&1 | tail -n 1
+# CALLS=1: then bench_vmm_calls.py on the GPU under RMM's rules (new sizes each pass), 1 GiB and 4 GiB,
+# two passes each: µs per operation, the part in driver calls and every driver function's count and cost
+if [ "${CALLS:-0}" = 1 ]; then
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  for s in 1GiB 4GiB; do
+    MRKIT_BENCH_RULES=rmm timeout ${CALLS_TIME:-60} python3 benchmarks/bench_vmm_calls.py --footprint-limit 1.1 \
+      --passes 2 --fresh --max-size $s 2>&1
+  done
+fi
