@@ -165,3 +165,20 @@ def test_both_builds_place_alike_when_more_sizes_turn_hot_than_a_stream_caches(m
     assert got == want
     assert any(flushes) == full, "a stream reached MAX_HOT hot sizes" if not full else "none did"
     assert mr.arena.live == {} and mr.arena.free_total() == mr.arena.held
+
+
+@compiled
+def test_the_rounding_entry_rounds_in_c_and_keeps_attributes():
+    """The compiled allocator entry in front of CuPy's C route: ``call(size)`` is ``inner(size rounded
+    up to the unit)``, it carries attributes of its own, and a size that is not an int is a TypeError
+    naming the type (CuPy passes ints)."""
+    from mrkit._engine import rounding_call
+    seen = []
+    call = rounding_call(lambda n: seen.append(n) or n, 512)
+    assert [call(n) for n in (0, 1, 511, 512, 513, 1 << 40)] == [0, 512, 512, 512, 1024, 1 << 40]
+    assert seen == [0, 512, 512, 512, 1024, 1 << 40] and call.rounding == 512
+    call.hooks = "h"
+    assert call.hooks == "h"
+    with pytest.raises(TypeError, match="float"):
+        call(1.5)
+    assert len(seen) == 6

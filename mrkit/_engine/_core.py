@@ -68,7 +68,7 @@ def drain_torch_frees() -> int:
 
 def rounding_call(inner, unit: int):
     """``call(size) -> inner(size rounded up to unit)``, compiled (``None`` in the Python build)."""
-    return None if _hotc is None else _hotc.RoundingCall(inner, unit)
+    return None if _hotc is None else _hotc.rounding_call(inner, unit)
 
 
 @contextmanager

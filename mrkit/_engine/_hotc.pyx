@@ -26,6 +26,7 @@ Python code.
 """
 from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.ref cimport PyObject
+cimport cython
 from cython.operator cimport dereference as deref, preincrement as inc
 from libcpp.map cimport map as cmap
 from libcpp.set cimport set as cset
@@ -1265,19 +1266,19 @@ cdef void _c_free(void *param, void *ptr, int device_id) noexcept:
         self.late[1] += 1
 
 
-cdef class RoundingCall:
+def rounding_call(inner, Py_ssize_t unit):
     """``call(size)`` calls ``inner(size rounded up to unit)``: an allocator entry point with a
-    rounding contract (CuPy's 512 bytes) and attributes of its own."""
-    cdef object inner
-    cdef Py_ssize_t mask
-    cdef readonly Py_ssize_t rounding
-    cdef public object resource, resource_for, hooks
+    rounding contract (CuPy's 512 bytes), ``call.rounding`` the unit, and room for attributes of its
+    own. A closure, not a class with ``__call__``: a Cython function is called through vectorcall and
+    its typed argument rounds in C (a class's ``__call__`` builds an argument tuple and rounds Python
+    ints: 87 ns against 34 ns a call on the development machine, 20 ns of it the inner call)."""
+    cdef Py_ssize_t mask = unit - 1
 
-    def __init__(self, inner, unit):
-        self.inner, self.rounding, self.mask = inner, unit, unit - 1
-
-    def __call__(self, size):
-        return self.inner((size + self.mask) & ~self.mask)
+    @cython.binding(True)  # a function object with attributes of its own (the module's default is False)
+    def call(Py_ssize_t size):
+        return inner((size + mask) & ~mask)
+    call.rounding = unit
+    return call
 
 
 def plain_paths(arena):
