@@ -444,3 +444,17 @@ def test_the_c_hooks_called_from_c_serve_repeat_sizes_and_zero(sim):
     assert not malloc(param, 0, 0) and pool.live_bytes == 0
     assert pool.arena.live == {} and not hooks.table[0][3].where
     stream.close()
+
+
+def test_hooks_over_one_resource_bind_its_own_device_and_name_the_other(sim):
+    """``AllocatorHooks(mr).bind(device)``: the hooks of ``mr``'s own device (bound at construction),
+    not an error that names the same device twice; another device is a ValueError naming both."""
+    from mrkit.cupy import AllocatorHooks
+    pool = mrkit.PoolResource(mrkit.DeviceMemoryResource(0, driver=sim))
+    hooks = AllocatorHooks(pool)
+    assert hooks.bind(0) is hooks.table[0] is hooks.hooks(0)
+    with pytest.raises(ValueError, match=r"device is 1, but this allocator serves device 0"):
+        hooks.bind(1)
+    m, f, _, _ = hooks.bind(0)
+    f(m(512, 0), 0)
+    assert pool.live_bytes == 0

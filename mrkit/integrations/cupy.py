@@ -218,6 +218,8 @@ class AllocatorHooks:
             table[fixed] = _hooks(mr, get_stream)
 
             def bind(dev: int):
+                if dev == fixed:  # bound at construction: a caller that asks again gets them
+                    return table[fixed]
                 raise ValueError(f"CuPy's current device is {dev}, but this allocator serves device {fixed} "
                                  f"({mr!r}); use mrkit.cupy.allocator() (no resource) to follow each device")
         else:
