@@ -147,7 +147,11 @@ def test_states_retired_by_release_while_their_threads_run_lose_nothing(monkeypa
     monkeypatch.setattr(_arena._StateMethods, "retire", counted)
     rng = random.Random(5)
     cold = tuple(rng.randrange(1, 16 * MiB) for _ in range(5000))
-    _run(pool, drv, threads=4, ops=1500, churn=pool.release, sizes=(4096, 65536) * 2500 + cold, streams=streams)
+    for _ in range(10):  # how many release() calls land while the workers run depends on the machine
+        _run(pool, drv, threads=4, ops=1500, churn=pool.release, sizes=(4096, 65536) * 2500 + cold,
+             streams=streams)
+        if retired[0] >= 8:
+            break
     assert retired[0] >= 8, retired  # the workers' states were retired again and again meanwhile
     _conserve(pool, lambda: sum(s for _, s, k in drv.regions() if k == "device"))
     for h in handles:
