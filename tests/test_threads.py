@@ -5,6 +5,7 @@ upstream, and a full-size allocation succeeds afterwards.
 """
 from __future__ import annotations
 
+import itertools
 import random
 import sys
 import os
@@ -60,8 +61,16 @@ def _run(mr, drv, threads, ops, churn, sizes=(256, 4096, 65536, MiB), period=0.0
     ``churn()`` in a loop."""
     if streams is None:
         streams = [Stream.create(driver=drv) for _ in range(threads)]
-    errors: list = []
     handed = HandOuts()
+    _race([lambda errors, i=i, s=s: _worker(mr, s, i, ops, errors, handed, sizes) for i, s in enumerate(streams)],
+          churn, period)
+    return streams
+
+
+def _race(works, churn, period=0.0):
+    """Each of ``works`` (``work(errors)``, appending what it catches) in its own thread, and one
+    thread calling ``churn()`` every ``period`` seconds until they are done; no error."""
+    errors: list = []
     stop = threading.Event()
 
     def churner():
@@ -72,8 +81,7 @@ def _run(mr, drv, threads, ops, churn, sizes=(256, 4096, 65536, MiB), period=0.0
                 errors.append(exc)
                 return
 
-    ws = [threading.Thread(target=_worker, args=(mr, s, i, ops, errors, handed, sizes))
-          for i, s in enumerate(streams)]
+    ws = [threading.Thread(target=work, args=(errors,)) for work in works]
     c = threading.Thread(target=churner)
     c.start()
     for w in ws:
@@ -83,7 +91,6 @@ def _run(mr, drv, threads, ops, churn, sizes=(256, 4096, 65536, MiB), period=0.0
     stop.set()
     c.join()
     assert not errors, errors[0]
-    return streams
 
 
 def _conserve(pool, upstream_free):
@@ -217,7 +224,7 @@ def test_footprint_limit_refusal_path_racing_allocation_loses_nothing():
     mark soon allows them all, and whether the path ran depended on the threads' interleaving)."""
     drv = SimDriver(devices=[SimDeviceSpec(total_memory=1 << 30)], policy="eager")
     streams = [Stream.create(driver=drv) for _ in range(4)]
-    handed, errors, retried = HandOuts(), [], []
+    handed, retried = HandOuts(), []
 
     def one_round(rnd):
         vmm = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size=4 << 30, footprint_limit=1.0,
@@ -229,9 +236,8 @@ def test_footprint_limit_refusal_path_racing_allocation_loses_nothing():
             return real_fit(*a)
 
         vmm._src._fit_fewest_missing = fit  # counts the refusal path's retries
-        stop, turn = threading.Event(), [0]
 
-        def worker(seed, s):
+        def worker(seed, s, errors):
             rng = random.Random(seed)
             try:
                 for _ in range(400):
@@ -255,28 +261,12 @@ def test_footprint_limit_refusal_path_racing_allocation_loses_nothing():
                     handed.took(p)
                     handed.gave(p)
                     vmm.deallocate(p, n, s)
-            except BaseException as exc:  # pragma: no cover - reported below
+            except BaseException as exc:  # pragma: no cover - reported by _race
                 errors.append(exc)
 
-        def churner():
-            while not stop.wait(0.001):
-                turn[0] += 1
-                try:
-                    vmm.trim(wait=turn[0] % 2 == 0)
-                except BaseException as exc:  # pragma: no cover
-                    errors.append(exc)
-                    return
-
-        c = threading.Thread(target=churner)
-        c.start()
-        ws = [threading.Thread(target=worker, args=(10 * rnd + i, s)) for i, s in enumerate(streams)]
-        for w in ws:
-            w.start()
-        for w in ws:
-            w.join()
-        stop.set()
-        c.join()
-        assert not errors, errors[0]
+        turn = itertools.count()
+        _race([lambda errors, i=i, s=s: worker(10 * rnd + i, s, errors) for i, s in enumerate(streams)],
+              lambda: vmm.trim(wait=next(turn) % 2 == 0), period=0.001)
         assert vmm.live_bytes == 0
         vmm.trim()
         assert vmm.mapped_bytes == 0 and vmm.physical_bytes == 0
@@ -288,8 +278,6 @@ def test_footprint_limit_refusal_path_racing_allocation_loses_nothing():
         if len(set(retried)) >= 3:
             break
     assert retried, "the refusal path never ran"
-    for s in streams:
-        s.close()
     for s in streams:
         s.close()
 
