@@ -530,6 +530,15 @@ def test_footprint_limit_is_validated():
         VirtualMemoryResourceOptions(footprint_limit=0.5)
 
 
+@pytest.mark.parametrize("field", ["footprint_limit", "release_fraction"])
+@pytest.mark.parametrize("value", ["1.1", True, [1.1]])
+def test_factor_options_of_the_wrong_type_name_the_option(field, value):
+    """A factor given as a string, a bool or a list is a TypeError naming the option and the type,
+    not a comparison error from inside the check."""
+    with pytest.raises(TypeError, match=rf"^{field} must be a number, not {type(value).__name__}$"):
+        VirtualMemoryResourceOptions(**{field: value})
+
+
 @pytest.mark.parametrize("value", [0, "0 B"])
 def test_a_zero_max_mapping_is_refused_not_taken_as_one_page(value):
     with pytest.raises(ValueError, match="max_mapping must be positive"):

@@ -87,6 +87,10 @@ class VirtualMemoryResourceOptions:
             object.__setattr__(self, "max_mapping", parse_size(self.max_mapping, "max_mapping"))
             if self.max_mapping == 0:
                 raise ValueError("max_mapping must be positive (None: 64 MiB, or 256 MiB with footprint_limit)")
+        for f in ("release_fraction", "footprint_limit"):
+            v = getattr(self, f)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise TypeError(f"{f} must be a number, not {type(v).__name__}")
         if self.release_fraction is not None and not self.release_fraction >= 0:
             raise ValueError(f"release_fraction must be >= 0, got {self.release_fraction}")
         if self.footprint_limit is not None and not self.footprint_limit >= 1.0:
