@@ -589,3 +589,12 @@ def test_a_batch_that_outgrows_the_pool_settles_on_the_cache_on_its_third_pass()
     assert pool.live_bytes == 0
     pool.release()
     assert pool.pool_size == 0 and drv.mem_get_info(0)[0] == 2 << 30
+
+
+@pytest.mark.parametrize("bad, err", [(-1, ValueError), (1.5, TypeError)])
+def test_a_bad_request_to_a_resource_nobody_holds_is_the_precise_error(backend, bad, err):
+    """``PoolResource(...).allocate(bad, s)`` on a temporary: the resource is gone before its arena
+    validates the request, and the error is still the one naming ``nbytes`` (it was an AttributeError
+    on the vanished owner)."""
+    with pytest.raises(err, match="^nbytes must be"):
+        PoolResource(DeviceMemoryResource(0, driver=backend)).allocate(bad, DEFAULT_STREAM)

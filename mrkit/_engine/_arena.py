@@ -257,6 +257,8 @@ class Arena:
                  ordered: bool) -> None:
         self.source = source
         self._owner = weakref.ref(owner)
+        # read once: a request to a resource nobody holds is validated after the owner has gone
+        self.max_alignment = owner.max_alignment
         self.device_id = device_id
         self.driver = driver
         self.ordered = ordered
@@ -580,7 +582,7 @@ class Arena:
     def allocate_slow(self, nbytes, stream: Stream, alignment) -> int:
         """Everything the fast path does not handle: sizes that are not plain positive ints, zero,
         and alignments above 256. Validation happens before any state changes."""
-        nbytes = check_request(nbytes, alignment, self.owner.max_alignment)
+        nbytes = check_request(nbytes, alignment, self.max_alignment)
         if nbytes == 0:
             return 0
         if alignment <= GRAIN:
