@@ -51,4 +51,14 @@ def extensions():
                      quiet=True)
 
 
-setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})
+if os.environ.get("MRKIT_BUILD_INPLACE", "").strip() not in ("", "0"):
+    # The extension alone, built in place, without the project's metadata: a setuptools older than 77
+    # rejects pyproject.toml's SPDX license string, and a machine without network cannot fetch a newer
+    # one (the GPU tools build this way: MRKIT_BUILD_INPLACE=1 python3 setup.py).
+    from setuptools import Distribution
+    dist = Distribution({"ext_modules": extensions(), "cmdclass": {"build_ext": OptionalBuildExt},
+                         "script_args": ["build_ext", "--inplace"]})
+    dist.parse_command_line()
+    dist.run_commands()
+else:
+    setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -3,7 +3,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 { nvidia-smi -L; python3 --version; python3 -c "import cupy, torch; print('cupy', cupy.__version__, 'torch', torch.__version__)"; } > "$OUT/env.txt" 2>&1
-python3 setup.py build_ext --inplace > "$OUT/build.txt" 2>&1; echo "build rc=$?" >> "$OUT/build.txt"
+MRKIT_BUILD_INPLACE=1 python3 setup.py > "$OUT/build.txt" 2>&1; echo "build rc=$?" >> "$OUT/build.txt"
 python3 -m mrkit info > "$OUT/info.txt" 2>&1
 MRKIT_NO_EXTENSIONS=1 python3 -m mrkit info >> "$OUT/info.txt" 2>&1
 for c in ${PROBES:-}; do

@@ -4,7 +4,7 @@
 # N unraisable"). CUPY_DIRS: the test folders/files (under tests/cupy_tests); CUPY_TIME: seconds a build.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-timeout 60 python3 setup.py build_ext --inplace >> "$OUT/build.txt" 2>&1; echo "build rc=$?" >> "$OUT/build.txt"
+timeout 60 env MRKIT_BUILD_INPLACE=1 python3 setup.py >> "$OUT/build.txt" 2>&1; echo "build rc=$?" >> "$OUT/build.txt"
 CT=.scratch/cupy_tests/tests/cupy_tests
 printf '[pytest]\naddopts = -p no:randomly\n' > .scratch/cupy_tests/tests/pytest.ini
 for build in ${BUILDS:-compiled python}; do

@@ -3,7 +3,7 @@
 # allocator (both cores); bench_core (both cores); the suite on the cuda backend (SUITE=1).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-python3 setup.py build_ext --inplace > "$OUT/build.txt" 2>&1; echo "build rc=$?" >> "$OUT/build.txt"
+MRKIT_BUILD_INPLACE=1 python3 setup.py > "$OUT/build.txt" 2>&1; echo "build rc=$?" >> "$OUT/build.txt"
 python3 -m mrkit info > "$OUT/info.txt" 2>&1
 CT=.scratch/cupy_tests/tests/cupy_tests
 printf '[pytest]\naddopts = -p no:randomly\n' > .scratch/cupy_tests/tests/pytest.ini

@@ -3,7 +3,7 @@
 # both builds (SUITE, default below), then the A/B against an earlier tree (tools/gpu_ab.sh).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 PYTHONPATH=$PWD
-timeout 90 python3 setup.py build_ext --inplace > /tmp/build.txt 2>&1 || echo "build failed" >> "$OUT/proof.txt"
+timeout 90 env MRKIT_BUILD_INPLACE=1 python3 setup.py > /tmp/build.txt 2>&1 || echo "build failed" >> "$OUT/proof.txt"
 SUITE=${SUITE:-"tests/test_freelist.py tests/test_core.py tests/test_pool.py tests/test_vmm.py tests/test_gpu.py
   tests/test_threads.py tests/test_footprint_bound.py tests/test_snapshot.py tests/test_gpu_integrations.py"}
 for core in 0 1; do

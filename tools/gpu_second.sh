@@ -4,7 +4,7 @@
 # the VMM rows of RMM's workload (bench_workload) and its driver calls (bench_vmm_calls --fresh).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-timeout 60 python3 setup.py build_ext --inplace > "$OUT/build.txt" 2>&1; echo "build rc=$?" >> "$OUT/build.txt"
+timeout 60 env MRKIT_BUILD_INPLACE=1 python3 setup.py > "$OUT/build.txt" 2>&1; echo "build rc=$?" >> "$OUT/build.txt"
 MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1 timeout ${TORCH_TIME:-150} python3 -X faulthandler -m pytest -q -p no:cacheprovider -rfExs \
   ${TORCH_TESTS:-tests/test_gpu_torch.py tests/test_torch_hooks.py} > "$OUT/torch.txt" 2>&1; echo "rc=$?" >> "$OUT/torch.txt"
 timeout 60 python3 benchmarks/bench_cupy_route.py > "$OUT/route.txt" 2>&1

@@ -3,7 +3,7 @@
 # the GPU's and the threads' tests on the cuda backend with the compiled core, and the VMM's and the
 # GPU's on the Python build. Output on stdout (the pytest summary lines last).
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-timeout 60 python3 setup.py build_ext --inplace > /tmp/build.txt 2>&1; echo "build rc=$?"
+timeout 60 env MRKIT_BUILD_INPLACE=1 python3 setup.py > /tmp/build.txt 2>&1; echo "build rc=$?"
 python3 -m mrkit info 2>&1 | grep core
 T="tests/test_vmm.py tests/test_footprint_bound.py tests/test_gpu.py tests/test_threads.py"
 MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=dev timeout ${T1:-120} python3 -m pytest -q -p no:cacheprovider \
