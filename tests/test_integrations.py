@@ -168,12 +168,17 @@ def test_cupy_hooks_over_a_pool_are_the_pools_hot_path(sim, monkeypatch):
     mp = fn(1000)  # on CuPy's null stream
     from mrkit.integrations.cupy import _hooks_made
     malloc, free, holds, core = _hooks_made[-1]  # the hooks made for this pool
-    assert holds(mp.ptr)
     if core is not None:  # compiled build: the engine's HookPaths, called from C by CuPy
+        assert holds(mp.ptr)
         assert type(core).__name__ == "HookPaths" and fn.hooks is not None
-    else:  # Python build: the engine's hook variant itself, a real function in a real file
-        code = free.__code__
-        assert code.co_name == "free" and code.co_filename.endswith("_engine/_hot.py")
+    else:  # Python build: CuPy calls the engine's route itself, a real function in a real file, and the
+        # block's owner frees it (its finalizer is the engine's free path)
+        assert fn.__code__.co_name == "route" and fn.__code__.co_filename.endswith("_engine/_hot.py")
+        owner = mp.mem._owner
+        assert tuple(owner) == (mp.ptr, mrkit.DEFAULT_STREAM)
+        assert type(owner).__del__.__code__.co_filename.endswith("_engine/_hot.py")
+        assert pool.arena.live[mp.ptr] == 1024
+        del owner
     s = Stream.create()
     fake.state["streams"][0] = fake.Stream(s.handle)
     mp2 = fn(1000)  # on s

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .._resource import MemoryResource
 from ._arena import GRAIN, Arena, ChunkSource, StreamState
+from . import _hot
 from ._freelist import FreeList, drain
 from ._core import c_hooks, core_description, core_name, paths, python_core, rounding_call, torch_callbacks, \
     drain_torch_frees
@@ -62,7 +63,9 @@ def hot_paths(resource, variant: str, **names):
     overrides them keeps its own behaviour).
 
     ``variant``: ``"counting"`` (``events``, ``on_full``, ``limit``: see ``_hot.counting_paths``) or
-    ``"hook"`` (see ``_hot.hook_paths``), in the build the arena was made with."""
+    ``"hook"`` (see ``_hot.hook_paths``), in the build the arena was made with; ``"route"`` (see
+    ``_hot.route_paths``), in the Python build only (``None`` in the compiled one, whose callers take
+    the C hooks of :func:`c_hooks`)."""
     arena = getattr(resource, "arena", None)
     if not isinstance(arena, Arena):
         return None
@@ -73,4 +76,6 @@ def hot_paths(resource, variant: str, **names):
         return build.counting_paths(arena, **names)
     if variant == "hook":
         return build.hook_paths(arena, **names)
-    raise ValueError(f"unsupported variant: {variant!r} (expected 'counting' or 'hook')")
+    if variant == "route":
+        return build.route_paths(arena, **names) if build is _hot else None
+    raise ValueError(f"unsupported variant: {variant!r} (expected 'counting', 'hook' or 'route')")

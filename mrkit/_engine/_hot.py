@@ -31,7 +31,7 @@ from .._resource import DEFAULT_ALIGNMENT, check_request
 from .._stream import Stream
 from ._freelist import FreeList
 
-__all__ = ["plain_paths", "counting_paths", "hook_paths", "checked_free_args", "FreeList", "Misses", "Boundaries"]
+__all__ = ["plain_paths", "counting_paths", "hook_paths", "route_paths", "checked_free_args", "FreeList", "Misses", "Boundaries"]
 
 Boundaries = set  # chunk bases, blocks never coalesce across one (the compiled build's is a C++ set)
 
@@ -312,3 +312,101 @@ def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
         arena.free_or_defer(ptr, size, stream)
 
     return malloc, free, where.__contains__, None
+
+
+def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream, seen: list, remember,
+                memory, pointer, unit: int, exiting: list, late: list):
+    """``route(size)``: a whole allocator entry point over ``arena`` in one Python frame, for callers
+    that take an object from their allocator function and free by dropping it (CuPy's
+    ``set_allocator``); the Python build's counterpart of the compiled build's C hooks.
+
+    ``size`` is rounded up to ``unit`` (a power of two) and allocated on the caller's current stream
+    (``current_stream``, ``seen``, ``remember`` as in :func:`hook_paths`); the result is
+    ``pointer(memory(ptr, n, owner, device_id), 0)`` (``n`` the rounded size; ``size == 0`` gives
+    ``pointer(memory(0, 0, None, device_id), 0)``). ``owner`` is a ``(ptr, stream)`` tuple whose
+    finalizer is the free path itself: a block goes back when the last reference to its owner dies
+    (Python runs finalizers before the collector clears a cycle, so a block in a garbage cycle is
+    freed once). ``get_device()`` names the caller's current device; when it is not ``device_id``
+    the call is ``elsewhere(size, device)``'s. While ``exiting[0]`` is true (interpreter exit) every
+    free is counted in ``late[0]``, and one that fails in ``late[1]`` instead of being reported."""
+    live, lock, states_get, live_pop = arena.live, arena.lock, arena.states.get, arena.live.pop
+    _int, _type, _BaseException = int, type, BaseException
+    _AttributeError, _IndexError = AttributeError, IndexError
+    mask, neg = unit - 1, -unit
+    if unit <= 0 or unit & mask:
+        raise ValueError(f"unit must be a power of two, not {unit!r}")
+
+    class Block(tuple):
+        """``(ptr, stream)``: one block handed out by the route; freed by its finalizer."""
+
+        __slots__ = ()
+
+        def __del__(self):
+            ptr, stream = self
+            if exiting[0]:
+                late[0] += 1
+            try:
+                nbytes = live_pop(ptr, None)
+                if nbytes is None:  # cannot happen while the block is owned; the lock decides
+                    arena.free_slow(ptr, -1, stream, 256)
+                    return
+                size = (nbytes + 255) & -256
+                st = states_get(stream.uid)
+                if st is not None:
+                    cache = st.cache
+                    try:
+                        lst = cache.get(size)
+                    except _AttributeError:  # retired
+                        pass
+                    else:
+                        if lst is not None:
+                            lst.append(ptr)
+                            if st.cache is cache:  # rule 3
+                                return
+                            arena.rescue(lst, size, stream)
+                            return
+                arena.free_or_defer(ptr, size, stream)
+            except _BaseException:
+                if not exiting[0]:
+                    raise
+                late[1] += 1
+
+    def route(size):
+        """``size`` bytes (rounded up to the unit) on the caller's current stream, owned by the
+        object returned."""
+        dev = get_device()
+        if dev != device_id:
+            return elsewhere(size, dev)
+        n = (size + mask) & neg
+        cs = current_stream(dev)
+        ref, stream = seen[0]
+        if ref() is not cs:
+            stream = remember(cs)
+        if _type(n) is not _int or n <= 0:
+            if n == 0:
+                return pointer(memory(0, 0, None, dev), 0)
+            ptr = arena.allocate_slow(n, stream, 256)  # a negative size: the precise error
+        else:
+            st = states_get(stream.uid)
+            if st is not None:
+                try:
+                    lst = st.cache.get(n)
+                except _AttributeError:
+                    lst = None
+                if lst:
+                    try:
+                        ptr = lst.pop()
+                    except _IndexError:
+                        pass
+                    else:
+                        live[ptr] = n
+                        return pointer(memory(ptr, n, Block((ptr, stream)), dev), 0)
+            if lock._is_owned():  # a finalizer allocating inside this thread's locked step
+                arena.nested_allocation(n)
+            with lock:
+                ptr = arena.take(n, stream)
+                live[ptr] = n
+        return pointer(memory(ptr, n, Block((ptr, stream)), dev), 0)
+
+    route.rounding = unit
+    return route

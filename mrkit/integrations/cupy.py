@@ -183,6 +183,67 @@ def _c_route(cupy, table: dict, bind):
     return entry
 
 
+def _python_route(hooks: "AllocatorHooks", get_device_id, Memory, Pointer, get_stream):
+    """The entry point when CuPy's C route is not taken (the Python build, or a CuPy older than 14):
+    each device's route, made on first use. Over a stock caching resource in the Python build it is
+    the engine's one-frame route (``hot_paths(mr, "route")``: the block's owner frees it when CuPy drops
+    the memory); else the device's hooks, each block owned by a :class:`CupyBlock`. A route is remade
+    when its device's hooks are (the current resource was replaced). With a fixed resource the route
+    of its device is CuPy's allocator itself; another device current is ``bind``'s ValueError."""
+    table, bind, routes = hooks.table, hooks.bind, {}  # routes: device -> (hooks entry, route)
+
+    def route_for(dev: int):
+        entry = table.get(dev)
+        if entry is None:
+            entry = bind(dev)
+        got = routes.get(dev)
+        if got is not None and got[0] is entry:
+            return got[1]
+        cell, lookup = _stream_lookup()
+        route = hot_paths(hooks.resource_for(dev), "route", device_id=dev, get_device=get_device_id,
+                          elsewhere=elsewhere, current_stream=get_stream, seen=cell, remember=lookup,
+                          memory=Memory, pointer=Pointer, unit=ALLOCATION_UNIT, exiting=_exiting, late=_late)
+        if route is None:
+            route = _hook_route(entry, dev, get_device_id, elsewhere, Memory, Pointer)
+        routes[dev] = (entry, route)
+        return route
+
+    def elsewhere(size, dev):
+        return route_for(dev)(size)
+
+    if hooks.resource is not None:
+        route = route_for(hooks.resource.device_id or 0)
+        route.rounding = ALLOCATION_UNIT
+        return route
+
+    def malloc(size):
+        dev = get_device_id()
+        got = routes.get(dev)
+        if got is None or table.get(dev) is not got[0]:  # first use, or the current resource was replaced
+            return route_for(dev)(size)
+        return got[1](size)
+
+    malloc.rounding = ALLOCATION_UNIT
+    return malloc
+
+
+def _hook_route(entry: tuple, device_id: int, get_device_id, elsewhere, Memory, Pointer):
+    """A route over one device's hooks ``(malloc, free, holds, core)``: each block owned by a
+    :class:`CupyBlock` that gives it back through ``free``."""
+    m, f = entry[0], entry[1]
+
+    def route(size):
+        dev = get_device_id()
+        if dev != device_id:
+            return elsewhere(size, dev)
+        n = (size + 511) & -512
+        if n == 0:
+            return Pointer(Memory(0, 0, None, dev), 0)
+        ptr = m(n, dev)
+        return Pointer(Memory(ptr, n, CupyBlock(ptr, dev, f), dev), 0)
+    return route
+
+
 class _Table(dict):
     """device -> (malloc hook, free hook, holds, core); a dict that can be weakly referenced."""
 
@@ -291,19 +352,7 @@ def allocator(mr: MemoryResource | None = None):
     if c_route is not None:
         malloc = c_route
     else:
-        def malloc(size):
-            dev = get_device_id()
-            try:
-                m, f, _, _ = table[dev]
-            except KeyError:
-                m, f, _, _ = bind(dev)
-            n = (size + 511) & -512
-            if n == 0:
-                return Pointer(Memory(0, 0, None, dev), 0)
-            ptr = m(n, dev)
-            return Pointer(Memory(ptr, n, CupyBlock(ptr, dev, f), dev), 0)
-
-        malloc.rounding = ALLOCATION_UNIT
+        malloc = _python_route(hooks, get_device_id, Memory, Pointer, cupy.cuda.get_current_stream)
     malloc.resource = mr
     malloc.resource_for = hooks.resource_for
     malloc.hooks = hooks
