@@ -1,0 +1,244 @@
+"""The Python build's one-frame allocator route (``hot_paths(mr, "route")``, what CuPy calls in that
+build): rounding, the caller's stream, the cache, the owner whose finalizer frees, another device, bad
+sizes, interpreter exit, and threads racing release() with every byte back upstream at the end."""
+from __future__ import annotations
+
+import gc
+import random
+import sys
+import threading
+import weakref
+
+import pytest
+
+from mrkit import CudaMemoryResource, DEFAULT_STREAM, PoolResource, Stream, as_stream
+from mrkit._engine import hot_paths, python_core
+from mrkit.driver import SimDeviceSpec, SimDriver
+
+from handouts import HandOuts
+
+
+class Memory:  # CuPy's UnownedMemory(ptr, size, owner, device_id), as far as the route uses it
+    def __init__(self, ptr, size, owner, device_id):
+        self.ptr, self.size, self._owner, self.device_id = ptr, size, owner, device_id
+
+
+class Pointer:  # CuPy's MemoryPointer(mem, offset)
+    def __init__(self, mem, offset):
+        self.mem, self.ptr = mem, mem.ptr + offset
+
+
+def _route(mr, *, device=0, current=None, elsewhere=None, exiting=None, late=None):
+    """A route over ``mr`` whose caller's current stream is ``current[0]`` (a mrkit Stream)."""
+    current = current if current is not None else [DEFAULT_STREAM]
+    seen = [(lambda: None, DEFAULT_STREAM)]
+
+    def remember(cs):
+        s = as_stream(cs)
+        seen[0] = (weakref.ref(cs), s)
+        return s
+    return hot_paths(mr, "route", device_id=device, get_device=lambda: current[1] if len(current) > 1 else device,
+                     elsewhere=elsewhere or (lambda size, dev: ("elsewhere", size, dev)),
+                     current_stream=lambda dev: current[0], seen=seen, remember=remember,
+                     memory=Memory, pointer=Pointer, unit=512,
+                     exiting=exiting if exiting is not None else [False], late=late if late is not None else [0, 0])
+
+
+def _pool(total=1 << 30):
+    drv = SimDriver([SimDeviceSpec(total_memory=total)])
+    with python_core():  # the route is the Python build's (the compiled build has CuPy's C route)
+        pool = PoolResource(CudaMemoryResource(driver=drv))
+    return drv, pool
+
+
+def _device_bytes(drv):
+    return sum(s for _, s, k in drv.regions() if k == "device")
+
+
+def test_the_route_rounds_serves_the_current_stream_and_its_owner_frees():
+    drv, pool = _pool()
+    s = Stream.create(driver=drv)
+    current = [DEFAULT_STREAM]
+    route = _route(pool, current=current)
+    assert route.rounding == 512
+    a = route(1000)
+    assert (a.mem.size, a.mem.device_id, a.ptr) == (1024, 0, a.mem.ptr) and a.ptr % 256 == 0
+    owner = a.mem._owner
+    assert tuple(owner) == (a.ptr, DEFAULT_STREAM) and pool.arena.live == {a.ptr: 1024}
+    current[0] = s
+    b = route(1)
+    assert b.mem.size == 512 and b.mem._owner[1] is s and pool.live_bytes == 1536
+    pa, pb = a.ptr, b.ptr
+    del a, b
+    assert pool.live_bytes == 1024  # the test still holds a's owner: the block stays live
+    del owner
+    assert pool.live_bytes == 0 and pool.arena.live == {}
+    current[0] = DEFAULT_STREAM
+    for _ in range(3):  # a repeated size becomes hot and comes back from the stream's cache
+        c = route(1000)
+        assert c.ptr == pa
+        del c
+    current[0] = s
+    d = route(512)
+    assert d.ptr == pb  # each stream gets back what was freed on it
+    del d
+    pool.release()
+    assert pool.pool_size == 0 and _device_bytes(drv) == 0
+    s.close()
+
+
+def test_the_route_answers_zero_bad_sizes_and_another_device_without_changing_state():
+    drv, pool = _pool()
+    route = _route(pool)
+    z = route(0)
+    assert (z.ptr, z.mem.size, z.mem._owner) == (0, 0, None) and pool.live_bytes == 0
+    with pytest.raises(ValueError, match="nbytes"):
+        route(-4096)
+    with pytest.raises(TypeError):
+        route(1.5)
+    assert pool.live_bytes == 0 and pool.arena.live == {} and pool.pool_size == 0
+    current = [DEFAULT_STREAM, 3]  # the caller's current device is 3
+    other = _route(pool, current=current)
+    assert other(100) == ("elsewhere", 100, 3) and pool.live_bytes == 0
+    with pytest.raises(ValueError, match="unit"):
+        hot_paths(pool, "route", device_id=0, get_device=int, elsewhere=None, current_stream=None, seen=[None],
+                  remember=None, memory=Memory, pointer=Pointer, unit=384, exiting=[False], late=[0, 0])
+    with pytest.raises(ValueError, match="'route'"):
+        hot_paths(pool, "routes")
+
+
+def test_the_compiled_build_has_no_route(sim):
+    from mrkit._engine import core_name
+    pool = PoolResource(CudaMemoryResource())
+    if core_name() == "compiled":
+        assert hot_paths(pool, "route") is None  # CuPy takes the C hooks there
+    else:
+        assert callable(_route(pool))
+
+
+def test_frees_at_interpreter_exit_are_counted_and_a_failing_one_is_not_reported(monkeypatch):
+    drv, pool = _pool()
+    exiting, late = [False], [0, 0]
+    route = _route(pool, exiting=exiting, late=late)
+    a, b = route(4096), route(8192)
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(u.exc_value))
+    pool.arena.live.pop(b.ptr)  # b's free will not find its block: the precise error
+    del b
+    assert len(reported) == 1 and "8192" not in str(reported[0]) and isinstance(reported[0], ValueError)
+    exiting[0] = True
+    c = route(4096)
+    pool.arena.live.pop(c.ptr)
+    del a, c
+    assert late == [2, 1] and len(reported) == 1  # both counted, the failing one silently
+    assert pool.live_bytes == 0
+
+
+def test_a_block_in_a_garbage_cycle_is_freed_once():
+    drv, pool = _pool()
+    route = _route(pool)
+    a = route(4096)
+    a.cycle = a  # a pointer in a reference cycle: only the collector frees it
+    del a
+    assert pool.live_bytes == 4096
+    gc.collect()
+    assert pool.live_bytes == 0
+    pool.release()
+    assert _device_bytes(drv) == 0
+
+
+@pytest.fixture
+def _switch_often():
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # thread switches inside the lock-free steps
+    yield
+    sys.setswitchinterval(old)
+
+
+def test_threads_through_routes_racing_release_lose_nothing(_switch_often):
+    """Four threads, each on its own stream through its own route over one pool, allocate and drop
+    owners at random (also from other threads' blocks) while a fifth thread releases the pool: nothing
+    is handed out twice, nothing is lost, and every byte goes back upstream."""
+    drv, pool = _pool()
+    handed, errors, stop = HandOuts(), [], threading.Event()
+    streams = [Stream.create(driver=drv) for _ in range(4)]
+    shared, shared_lock = [], threading.Lock()
+
+    def work(k):
+        route = _route(pool, current=[streams[k]])
+        rng = random.Random(k)
+        live = []
+        try:
+            for _ in range(3000):
+                if live and (len(live) > 12 or rng.random() < 0.5):
+                    p = live.pop(rng.randrange(len(live)))
+                    if rng.random() < 0.2:  # dropped by another thread later
+                        with shared_lock:
+                            shared.append(p)
+                        continue
+                    handed.gave(p.ptr)
+                    del p
+                else:
+                    p = route(rng.choice((256, 4096, 65536, 1 << 20, rng.randrange(1, 1 << 21))))
+                    handed.took(p.ptr)
+                    live.append(p)
+                    with shared_lock:
+                        if shared:
+                            q = shared.pop()
+                            handed.gave(q.ptr)
+                            del q
+            for p in live:
+                handed.gave(p.ptr)
+            live.clear()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def churn():
+        while not stop.wait(0.0001):
+            try:
+                pool.release()
+            except BaseException as exc:  # pragma: no cover
+                errors.append(exc)
+                return
+    c = threading.Thread(target=churn)
+    ws = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    c.start()
+    for w in ws:
+        w.start()
+    for w in ws:
+        w.join()
+    stop.set()
+    c.join()
+    while shared:  # no loop variable left holding the last one
+        handed.gave(shared.pop().ptr)
+    assert not errors, errors[0]
+    assert pool.live_bytes == 0 and pool.arena.live == {}
+    pool.release()
+    assert pool.pool_size == 0 and _device_bytes(drv) == 0
+    for s in streams:
+        s.close()
+
+
+def test_a_free_racing_a_flush_of_its_cache_loses_nothing_in_any_interleaving():
+    """Rule 3 on the route's free path, under the kit's controlled interleavings: an owner dropped in
+    one thread (its finalizer appends the block to its stream's cache) while another releases the pool
+    (which swaps every cache out, then drains it). Whatever the interleaving, the block ends in a free
+    list and release() gives every byte back."""
+    from mrkit.testing import Schedule, controlled_locks, run_controlled
+
+    drv = SimDriver([SimDeviceSpec(total_memory=1 << 30)])
+    with controlled_locks():
+        pool = PoolResource(CudaMemoryResource(driver=drv))
+    route = _route(pool)
+    for seed in range(40):
+        for _ in range(3):  # 4096 is hot: its frees go to the cache
+            route(4096)
+        holder = [route(4096), route(8192)]
+
+        def drop():
+            del holder[:]
+
+        run_controlled([drop, pool.release], Schedule.from_seed(seed, 2))
+        assert pool.live_bytes == 0, seed
+        pool.release()
+        assert pool.pool_size == 0 and _device_bytes(drv) == 0, seed
