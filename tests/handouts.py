@@ -1,5 +1,5 @@
-"""A record of the blocks handed out and not yet given back, shared by threads: a test's check that
-nothing is handed out twice while it is live."""
+"""Helpers of the thread tests: a record of the blocks handed out and not yet given back, shared by
+threads (a test's check that nothing is handed out twice while it is live), and :func:`race`."""
 from __future__ import annotations
 
 import threading
@@ -20,3 +20,29 @@ class HandOuts:
         """``ptr`` is about to be given back."""
         with self._lock:
             self._live.discard(ptr)
+
+
+def race(works, churn, period=0.0):
+    """Each of ``works`` (``work(errors)``, appending what it catches) in its own thread, and one
+    thread calling ``churn()`` every ``period`` seconds until they are done; no error."""
+    errors: list = []
+    stop = threading.Event()
+
+    def churner():
+        while not stop.wait(period):
+            try:
+                churn()
+            except BaseException as exc:  # pragma: no cover
+                errors.append(exc)
+                return
+
+    ws = [threading.Thread(target=work, args=(errors,)) for work in works]
+    c = threading.Thread(target=churner)
+    c.start()
+    for w in ws:
+        w.start()
+    for w in ws:
+        w.join()
+    stop.set()
+    c.join()
+    assert not errors, errors[0]

@@ -15,7 +15,7 @@ from mrkit import CudaMemoryResource, DEFAULT_STREAM, PoolResource, Stream, as_s
 from mrkit._engine import hot_paths, python_core
 from mrkit.driver import SimDeviceSpec, SimDriver
 
-from handouts import HandOuts
+from handouts import HandOuts, race
 
 
 class Memory:  # CuPy's UnownedMemory(ptr, size, owner, device_id), as far as the route uses it
@@ -157,61 +157,46 @@ def _switch_often():
 
 def test_threads_through_routes_racing_release_lose_nothing(_switch_often):
     """Four threads, each on its own stream through its own route over one pool, allocate and drop
-    owners at random (also from other threads' blocks) while a fifth thread releases the pool: nothing
-    is handed out twice, nothing is lost, and every byte goes back upstream."""
+    owners at random (a fifth of them dropped later by another thread) while a fifth thread releases
+    the pool: nothing is handed out twice, nothing is lost, and every byte goes back upstream."""
     drv, pool = _pool()
-    handed, errors, stop = HandOuts(), [], threading.Event()
+    handed = HandOuts()
     streams = [Stream.create(driver=drv) for _ in range(4)]
     shared, shared_lock = [], threading.Lock()
 
-    def work(k):
-        route = _route(pool, current=[streams[k]])
-        rng = random.Random(k)
-        live = []
-        try:
-            for _ in range(3000):
-                if live and (len(live) > 12 or rng.random() < 0.5):
-                    p = live.pop(rng.randrange(len(live)))
-                    if rng.random() < 0.2:  # dropped by another thread later
-                        with shared_lock:
-                            shared.append(p)
-                        continue
-                    handed.gave(p.ptr)
-                    del p
-                else:
-                    p = route(rng.choice((256, 4096, 65536, 1 << 20, rng.randrange(1, 1 << 21))))
-                    handed.took(p.ptr)
-                    live.append(p)
-                    with shared_lock:
-                        if shared:
-                            q = shared.pop()
-                            handed.gave(q.ptr)
-                            del q
-            for p in live:
-                handed.gave(p.ptr)
-            live.clear()
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    def churn():
-        while not stop.wait(0.0001):
+    def worker(k):
+        def work(errors):
+            route = _route(pool, current=[streams[k]])
+            rng = random.Random(k)
+            live = []
             try:
-                pool.release()
-            except BaseException as exc:  # pragma: no cover
+                for _ in range(3000):
+                    if live and (len(live) > 12 or rng.random() < 0.5):
+                        p = live.pop(rng.randrange(len(live)))
+                        if rng.random() < 0.2:  # dropped by another thread later
+                            with shared_lock:
+                                shared.append(p)
+                            continue
+                        handed.gave(p.ptr)
+                        del p
+                    else:
+                        p = route(rng.choice((256, 4096, 65536, 1 << 20, rng.randrange(1, 1 << 21))))
+                        handed.took(p.ptr)
+                        live.append(p)
+                        with shared_lock:
+                            if shared:
+                                handed.gave(shared[-1].ptr)
+                                shared.pop()
+                for p in live:
+                    handed.gave(p.ptr)
+                live.clear()
+            except BaseException as exc:  # pragma: no cover - reported by race()
                 errors.append(exc)
-                return
-    c = threading.Thread(target=churn)
-    ws = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    c.start()
-    for w in ws:
-        w.start()
-    for w in ws:
-        w.join()
-    stop.set()
-    c.join()
+        return work
+
+    race([worker(k) for k in range(4)], pool.release, period=0.0001)
     while shared:  # no loop variable left holding the last one
         handed.gave(shared.pop().ptr)
-    assert not errors, errors[0]
     assert pool.live_bytes == 0 and pool.arena.live == {}
     pool.release()
     assert pool.pool_size == 0 and _device_bytes(drv) == 0

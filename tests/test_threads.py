@@ -19,7 +19,7 @@ from mrkit import (
 )
 from mrkit.driver import SimDeviceSpec, SimDriver
 
-from handouts import HandOuts
+from handouts import HandOuts, race as _race
 
 MiB = 1 << 20
 
@@ -65,32 +65,6 @@ def _run(mr, drv, threads, ops, churn, sizes=(256, 4096, 65536, MiB), period=0.0
     _race([lambda errors, i=i, s=s: _worker(mr, s, i, ops, errors, handed, sizes) for i, s in enumerate(streams)],
           churn, period)
     return streams
-
-
-def _race(works, churn, period=0.0):
-    """Each of ``works`` (``work(errors)``, appending what it catches) in its own thread, and one
-    thread calling ``churn()`` every ``period`` seconds until they are done; no error."""
-    errors: list = []
-    stop = threading.Event()
-
-    def churner():
-        while not stop.wait(period):
-            try:
-                churn()
-            except BaseException as exc:  # pragma: no cover
-                errors.append(exc)
-                return
-
-    ws = [threading.Thread(target=work, args=(errors,)) for work in works]
-    c = threading.Thread(target=churner)
-    c.start()
-    for w in ws:
-        w.start()
-    for w in ws:
-        w.join()
-    stop.set()
-    c.join()
-    assert not errors, errors[0]
 
 
 def _conserve(pool, upstream_free):
