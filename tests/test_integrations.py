@@ -198,6 +198,11 @@ def test_cupy_hooks_over_a_pool_are_the_pools_hot_path(sim, monkeypatch):
     free = _hooks_made[-1][1]
     with pytest.raises(ValueError, match="does not hold"):
         free(0xdead00, 0)
+    with pytest.raises(ValueError, match="size must be >= 0"):  # both builds: nothing allocated
+        fn(-1)
+    with pytest.raises(TypeError, match="size must be an int"):
+        fn(2.5)
+    assert pool.live_bytes == 0
 
 
 def _fake_numba(monkeypatch):

@@ -92,10 +92,8 @@ def test_the_route_answers_zero_bad_sizes_and_another_device_without_changing_st
     route = _route(pool)
     z = route(0)
     assert (z.ptr, z.mem.size, z.mem._owner) == (0, 0, None) and pool.live_bytes == 0
-    with pytest.raises(ValueError, match="nbytes"):
+    with pytest.raises(ValueError, match="size"):  # every bad size: the next test
         route(-4096)
-    with pytest.raises(TypeError):
-        route(1.5)
     assert pool.live_bytes == 0 and pool.arena.live == {} and pool.pool_size == 0
     current = [DEFAULT_STREAM, 3]  # the caller's current device is 3
     other = _route(pool, current=current)
@@ -227,3 +225,29 @@ def test_a_free_racing_a_flush_of_its_cache_loses_nothing_in_any_interleaving():
         assert pool.live_bytes == 0, seed
         pool.release()
         assert pool.pool_size == 0 and _device_bytes(drv) == 0, seed
+
+
+@pytest.mark.parametrize("size, error, match", [
+    (-1, ValueError, "size must be >= 0, got -1"), (-4096, ValueError, "got -4096"),
+    (1.5, TypeError, "size must be an int, not float"), ("4096", TypeError, "not str"),
+    (None, TypeError, "not NoneType"), (True, TypeError, "not bool"),
+])
+def test_a_bad_size_is_an_error_naming_size_in_both_builds(size, error, match):
+    """The route (Python build) and the compiled rounding entry CuPy calls raise the same precise
+    error for a size that is not an int >= 0, and allocate nothing; other integer types are taken."""
+    import numpy as np
+    from mrkit._engine import rounded_size, rounding_call
+    drv, pool = _pool()
+    route = _route(pool)
+    with pytest.raises(error, match=match):
+        route(size)
+    with pytest.raises(error, match=match):
+        rounded_size(size, 512)
+    compiled = rounding_call(lambda n: n, 512)
+    if compiled is not None:
+        with pytest.raises(error, match=match):
+            compiled(size)
+        assert compiled(np.int64(1000)) == compiled(1000) == 1024 and compiled(0) == 0
+    assert pool.live_bytes == 0 and pool.pool_size == 0
+    p = route(np.int64(1000))
+    assert p.mem.size == 1024 and type(pool.arena.live[p.ptr]) is int

@@ -11,12 +11,13 @@ from __future__ import annotations
 from .._resource import MemoryResource
 from ._arena import GRAIN, Arena, ChunkSource, StreamState
 from . import _hot
+from ._hot import rounded_size
 from ._freelist import FreeList, drain
 from ._core import c_hooks, core_description, core_name, paths, python_core, rounding_call, torch_callbacks, \
     drain_torch_frees
 
 __all__ = ["Arena", "ChunkSource", "StreamState", "FreeList", "drain", "GRAIN", "CachingResource",
-           "hot_paths", "core_name", "core_description", "python_core", "c_hooks", "rounding_call", "torch_callbacks",
+           "hot_paths", "rounded_size", "core_name", "core_description", "python_core", "c_hooks", "rounding_call", "torch_callbacks",
            "drain_torch_frees"]
 
 

@@ -31,7 +31,7 @@ from .._resource import DEFAULT_ALIGNMENT, check_request
 from .._stream import Stream
 from ._freelist import FreeList
 
-__all__ = ["plain_paths", "counting_paths", "hook_paths", "route_paths", "checked_free_args", "FreeList", "Misses", "Boundaries"]
+__all__ = ["plain_paths", "counting_paths", "hook_paths", "route_paths", "rounded_size", "checked_free_args", "FreeList", "Misses", "Boundaries"]
 
 Boundaries = set  # chunk bases, blocks never coalesce across one (the compiled build's is a C++ set)
 
@@ -314,6 +314,17 @@ def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
     return malloc, free, where.__contains__, None
 
 
+def rounded_size(size, unit: int) -> int:
+    """``size`` (an allocator entry point's argument) rounded up to ``unit``, a power of two:
+    ``TypeError``/``ValueError`` naming ``size`` for anything but an int ``>= 0``."""
+    if isinstance(size, bool) or not hasattr(type(size), "__index__"):
+        raise TypeError(f"size must be an int, not {type(size).__name__}")
+    size = size.__index__()
+    if size < 0:
+        raise ValueError(f"size must be >= 0, got {size}")
+    return (size + unit - 1) & -unit
+
+
 def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream, seen: list, remember,
                 memory, pointer, unit: int, exiting: list, late: list):
     """``route(size)``: a whole allocator entry point over ``arena`` in one Python frame, for callers
@@ -323,14 +334,15 @@ def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream,
     ``size`` is rounded up to ``unit`` (a power of two) and allocated on the caller's current stream
     (``current_stream``, ``seen``, ``remember`` as in :func:`hook_paths`); the result is
     ``pointer(memory(ptr, n, owner, device_id), 0)`` (``n`` the rounded size; ``size == 0`` gives
-    ``pointer(memory(0, 0, None, device_id), 0)``). ``owner`` is a ``(ptr, stream)`` tuple whose
+    ``pointer(memory(0, 0, None, device_id), 0)``; anything but an int ``>= 0`` is a ``TypeError`` or
+    ``ValueError`` naming ``size``, :func:`rounded_size`). ``owner`` is a ``(ptr, stream)`` tuple whose
     finalizer is the free path itself: a block goes back when the last reference to its owner dies
     (Python runs finalizers before the collector clears a cycle, so a block in a garbage cycle is
     freed once). ``get_device()`` names the caller's current device; when it is not ``device_id``
     the call is ``elsewhere(size, device)``'s. While ``exiting[0]`` is true (interpreter exit) every
     free is counted in ``late[0]``, and one that fails in ``late[1]`` instead of being reported."""
     live, lock, states_get, live_pop = arena.live, arena.lock, arena.states.get, arena.live.pop
-    _int, _type, _BaseException = int, type, BaseException
+    _int, _type, _BaseException, _TypeError = int, type, BaseException, TypeError
     _AttributeError, _IndexError = AttributeError, IndexError
     mask, neg = unit - 1, -unit
     if unit <= 0 or unit & mask:
@@ -377,35 +389,37 @@ def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream,
         dev = get_device()
         if dev != device_id:
             return elsewhere(size, dev)
-        n = (size + mask) & neg
+        try:
+            n = (size + mask) & neg
+        except _TypeError:
+            n = 0
+        if _type(size) is not _int or n <= 0:  # zero, other integer types, and every bad size's error
+            n = rounded_size(size, unit)
+            if n == 0:
+                return pointer(memory(0, 0, None, dev), 0)
         cs = current_stream(dev)
         ref, stream = seen[0]
         if ref() is not cs:
             stream = remember(cs)
-        if _type(n) is not _int or n <= 0:
-            if n == 0:
-                return pointer(memory(0, 0, None, dev), 0)
-            ptr = arena.allocate_slow(n, stream, 256)  # a negative size: the precise error
-        else:
-            st = states_get(stream.uid)
-            if st is not None:
+        st = states_get(stream.uid)
+        if st is not None:
+            try:
+                lst = st.cache.get(n)
+            except _AttributeError:
+                lst = None
+            if lst:
                 try:
-                    lst = st.cache.get(n)
-                except _AttributeError:
-                    lst = None
-                if lst:
-                    try:
-                        ptr = lst.pop()
-                    except _IndexError:
-                        pass
-                    else:
-                        live[ptr] = n
-                        return pointer(memory(ptr, n, Block((ptr, stream)), dev), 0)
-            if lock._is_owned():  # a finalizer allocating inside this thread's locked step
-                arena.nested_allocation(n)
-            with lock:
-                ptr = arena.take(n, stream)
-                live[ptr] = n
+                    ptr = lst.pop()
+                except _IndexError:
+                    pass
+                else:
+                    live[ptr] = n
+                    return pointer(memory(ptr, n, Block((ptr, stream)), dev), 0)
+        if lock._is_owned():  # a finalizer allocating inside this thread's locked step
+            arena.nested_allocation(n)
+        with lock:
+            ptr = arena.take(n, stream)
+            live[ptr] = n
         return pointer(memory(ptr, n, Block((ptr, stream)), dev), 0)
 
     route.rounding = unit

@@ -40,7 +40,7 @@ from libc.string cimport memset
 
 from mrkit._resource import DEFAULT_ALIGNMENT
 from mrkit._stream import Stream
-from mrkit._engine._hot import checked_free_args
+from mrkit._engine._hot import checked_free_args, rounded_size as _rounded_size
 from time import monotonic as _monotonic
 
 cdef object _Stream = Stream
@@ -1275,8 +1275,13 @@ def rounding_call(inner, Py_ssize_t unit):
     cdef Py_ssize_t mask = unit - 1
 
     @cython.binding(True)  # a function object with attributes of its own (the module's default is False)
-    def call(Py_ssize_t size):
-        return inner((size + mask) & ~mask)
+    def call(size):
+        cdef Py_ssize_t n
+        if type(size) is int:
+            n = size
+            if n >= 0:
+                return inner((n + mask) & ~mask)
+        return inner(_rounded_size(size, unit))  # the precise error for anything but an int >= 0
     call.rounding = unit
     return call
 

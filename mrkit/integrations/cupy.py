@@ -27,7 +27,7 @@ from .. import _current
 from .._current import get_current_resource
 from .._resource import Buffer, MemoryResource
 from .._stream import DEFAULT_STREAM, as_stream
-from .._engine import c_hooks, hot_paths, rounding_call
+from .._engine import c_hooks, hot_paths, rounded_size, rounding_call
 from .._spec import build_resource, parse_spec
 from ..driver import get_driver
 
@@ -236,7 +236,7 @@ def _hook_route(entry: tuple, device_id: int, get_device_id, elsewhere, Memory, 
         dev = get_device_id()
         if dev != device_id:
             return elsewhere(size, dev)
-        n = (size + 511) & -512
+        n = rounded_size(size, ALLOCATION_UNIT)
         if n == 0:
             return Pointer(Memory(0, 0, None, dev), 0)
         ptr = m(n, dev)
