@@ -11,7 +11,8 @@ import weakref
 
 import pytest
 
-from mrkit import CudaMemoryResource, DEFAULT_STREAM, PoolResource, Stream, as_stream
+from mrkit import (CudaMemoryResource, DEFAULT_STREAM, PoolResource, Stream, VirtualMemoryResource,
+                   VirtualMemoryResourceOptions, as_stream)
 from mrkit._engine import hot_paths, python_core
 from mrkit.driver import SimDeviceSpec, SimDriver
 
@@ -153,11 +154,20 @@ def _switch_often():
     sys.setswitchinterval(old)
 
 
-def test_threads_through_routes_racing_release_lose_nothing(_switch_often):
-    """Four threads, each on its own stream through its own route over one pool, allocate and drop
-    owners at random (a fifth of them dropped later by another thread) while a fifth thread releases
-    the pool: nothing is handed out twice, nothing is lost, and every byte goes back upstream."""
-    drv, pool = _pool()
+@pytest.mark.parametrize("kind", ["pool", "vmm", "vmm(footprint_limit=1.1)"])
+def test_threads_through_routes_racing_release_lose_nothing(_switch_often, kind):
+    """Four threads, each on its own stream through its own route over one caching resource, allocate
+    and drop owners at random (a fifth of them dropped later by another thread) while a fifth thread
+    releases the pool (trims the VMM): nothing is handed out twice, nothing is lost, and every byte
+    goes back upstream."""
+    if kind == "pool":
+        drv, pool = _pool()
+    else:
+        drv = SimDriver([SimDeviceSpec(total_memory=1 << 30)], policy="eager")
+        opts = VirtualMemoryResourceOptions(reserve_size=4 << 30,
+                                            footprint_limit=1.1 if "limit" in kind else None)
+        with python_core():
+            pool = VirtualMemoryResource(0, opts, driver=drv)
     handed = HandOuts()
     streams = [Stream.create(driver=drv) for _ in range(4)]
     shared, shared_lock = [], threading.Lock()
@@ -192,12 +202,17 @@ def test_threads_through_routes_racing_release_lose_nothing(_switch_often):
                 errors.append(exc)
         return work
 
-    race([worker(k) for k in range(4)], pool.release, period=0.0001)
+    race([worker(k) for k in range(4)], pool.release if kind == "pool" else pool.trim, period=0.0001)
     while shared:  # no loop variable left holding the last one
         handed.gave(shared.pop().ptr)
     assert pool.live_bytes == 0 and pool.arena.live == {}
-    pool.release()
-    assert pool.pool_size == 0 and _device_bytes(drv) == 0
+    if kind == "pool":
+        pool.release()
+        assert pool.pool_size == 0 and _device_bytes(drv) == 0
+    else:
+        pool.trim()
+        assert pool.mapped_bytes == 0 and pool.physical_bytes == 0
+        pool.close()
     for s in streams:
         s.close()
 
