@@ -341,12 +341,12 @@ def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream,
     freed once). ``get_device()`` names the caller's current device; when it is not ``device_id``
     the call is ``elsewhere(size, device)``'s. While ``exiting[0]`` is true (interpreter exit) every
     free is counted in ``late[0]``, and one that fails in ``late[1]`` instead of being reported."""
+    if type(unit) is not int or unit <= 0 or unit & (unit - 1):
+        raise ValueError(f"unit must be a power of two, not {unit!r}")
     live, lock, states_get, live_pop = arena.live, arena.lock, arena.states.get, arena.live.pop
     _int, _type, _BaseException, _TypeError = int, type, BaseException, TypeError
     _AttributeError, _IndexError = AttributeError, IndexError
     mask, neg = unit - 1, -unit
-    if unit <= 0 or unit & mask:
-        raise ValueError(f"unit must be a power of two, not {unit!r}")
 
     class Block(tuple):
         """``(ptr, stream)``: one block handed out by the route; freed by its finalizer."""
