@@ -137,12 +137,16 @@ def test_frees_at_interpreter_exit_are_counted_and_a_failing_one_is_not_reported
 def test_a_block_in_a_garbage_cycle_is_freed_once():
     drv, pool = _pool()
     route = _route(pool)
-    a = route(4096)
-    a.cycle = a  # a pointer in a reference cycle: only the collector frees it
-    del a
-    assert pool.live_bytes == 4096
-    gc.collect()
-    assert pool.live_bytes == 0
+    gc.disable()  # no automatic collection between the two checks
+    try:
+        a = route(4096)
+        a.cycle = a  # a pointer in a reference cycle: only the collector frees it
+        del a
+        assert pool.live_bytes == 4096
+        gc.collect()
+        assert pool.live_bytes == 0
+    finally:
+        gc.enable()
     pool.release()
     assert _device_bytes(drv) == 0
 
