@@ -137,6 +137,7 @@ def test_frees_at_interpreter_exit_are_counted_and_a_failing_one_is_not_reported
 def test_a_block_in_a_garbage_cycle_is_freed_once():
     drv, pool = _pool()
     route = _route(pool)
+    was_enabled = gc.isenabled()
     gc.disable()  # no automatic collection between the two checks
     try:
         a = route(4096)
@@ -146,7 +147,8 @@ def test_a_block_in_a_garbage_cycle_is_freed_once():
         gc.collect()
         assert pool.live_bytes == 0
     finally:
-        gc.enable()
+        if was_enabled:
+            gc.enable()
     pool.release()
     assert _device_bytes(drv) == 0
 
