@@ -1,6 +1,7 @@
 """The arena's hot path in the Python build: closures over one arena's structures.
 
-Three variants share one shape and differ only in what they add:
+Four variants share one shape (each a single frame: a shared helper would cost every call a frame)
+and differ only in what they add:
 
 * :func:`plain_paths` — ``allocate(nbytes, stream, alignment=256)`` / ``deallocate(ptr, nbytes,
   stream, alignment=256)``: a caching resource's own methods;
@@ -8,7 +9,9 @@ Three variants share one shape and differ only in what they add:
   (:class:`~mrkit.StatisticsAdaptor` fuses this in, so counting costs no Python frame of its own);
 * :func:`hook_paths` — ``malloc(nbytes, device_id)`` / ``free(ptr, device_id)`` for allocator hooks that
   name no stream and free by pointer alone (CuPy's): they find the caller's current stream and
-  remember each block's stream until it is freed.
+  remember each block's stream until it is freed;
+* :func:`route_paths` — ``route(size)``: the Python build's whole CuPy entry point, returning CuPy's
+  pointer whose owner (a ``(ptr, stream)`` tuple) frees the block from its finalizer.
 
 The lock-free part reads only single atomic built-in operations (locking rule 1 in
 ``docs/design.md``): ``states.get(uid)``, a cache list's ``pop``/``append``, ``cache.get``,
@@ -22,7 +25,8 @@ cache hit makes no global or attribute look-up, and the paths keep working while
 modules down. The locked steps read the arena's attributes (``arena.take``, ``arena.free_block``, …):
 each name a closure holds costs every call (CPython copies them into the frame), a look-up only the
 calls that need it.
-The compiled build (``_hotc.pyx``) implements the same three variants, line for line; the kit's
+The compiled build (``_hotc.pyx``) implements the first three, line for line (CuPy calls its C hooks
+where the Python build has :func:`route_paths`); the kit's
 controlled interleavings and the mutation suite run on these (see :func:`mrkit._engine.python_core`).
 """
 from __future__ import annotations
