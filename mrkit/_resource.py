@@ -6,7 +6,7 @@ import operator
 from ._stream import DEFAULT_STREAM, Stream, as_stream, order_after
 from .driver import get_driver
 
-__all__ = ["MemoryResource", "Buffer", "check_request", "check_device", "check_pointer", "unknown_pointer",
+__all__ = ["MemoryResource", "Buffer", "check_request", "check_size", "check_device", "check_pointer", "unknown_pointer",
            "size_mismatch", "upstream_chain"]
 
 
@@ -22,11 +22,7 @@ def check_request(nbytes, alignment, max_alignment: int) -> int:
     Raises ``TypeError``/``ValueError`` naming the argument: ``nbytes`` must be an integer >= 0;
     ``alignment`` a power of two no larger than ``max_alignment``.
     """
-    if isinstance(nbytes, bool) or not hasattr(type(nbytes), "__index__"):
-        raise TypeError(f"nbytes must be an int, not {type(nbytes).__name__}")
-    nbytes = operator.index(nbytes)
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    nbytes = check_size(nbytes, "nbytes")
     if isinstance(alignment, bool) or not hasattr(type(alignment), "__index__"):
         raise TypeError(f"alignment must be an int, not {type(alignment).__name__}")
     alignment = operator.index(alignment)
@@ -35,6 +31,17 @@ def check_request(nbytes, alignment, max_alignment: int) -> int:
     if alignment > max_alignment:
         raise ValueError(f"alignment {alignment} is larger than this resource supports ({max_alignment})")
     return nbytes
+
+
+def check_size(value, name: str) -> int:
+    """``value`` as an int ``>= 0``: ``TypeError`` for anything but an integer (``4096.0``, ``"4096"``,
+    ``True``), ``ValueError`` below 0; both name the argument."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    value = operator.index(value)
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
 
 
 def check_pointer(ptr) -> int:

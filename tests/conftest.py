@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -43,6 +44,15 @@ def gpu():
     drv = CudaDriver()
     set_backend(drv)
     return drv
+
+
+@pytest.fixture
+def switch_often():
+    """Thread switches every microsecond, inside the lock-free steps (the thread tests)."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(old)
 
 
 @pytest.fixture(autouse=True)

@@ -153,16 +153,8 @@ def test_a_block_in_a_garbage_cycle_is_freed_once():
     assert _device_bytes(drv) == 0
 
 
-@pytest.fixture
-def _switch_often():
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # thread switches inside the lock-free steps
-    yield
-    sys.setswitchinterval(old)
-
-
 @pytest.mark.parametrize("kind", ["pool", "vmm", "vmm(footprint_limit=1.1)"])
-def test_threads_through_routes_racing_release_lose_nothing(_switch_often, kind):
+def test_threads_through_routes_racing_release_lose_nothing(switch_often, kind):
     """Four threads, each on its own stream through its own route over one caching resource, allocate
     and drop owners at random (a fifth of them dropped later by another thread) while a fifth thread
     releases the pool (trims the VMM): nothing is handed out twice, nothing is lost, and every byte

@@ -25,11 +25,8 @@ MiB = 1 << 20
 
 
 @pytest.fixture(autouse=True)
-def _switch_often():
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # force thread switches inside the lock-free paths
-    yield
-    sys.setswitchinterval(old)
+def _switch_often(switch_often):
+    """Every test here runs with thread switches inside the lock-free paths."""
 
 
 def _worker(mr, stream, seed, ops, errors, handed, sizes=(256, 4096, 65536, MiB)):

@@ -31,7 +31,7 @@ controlled interleavings and the mutation suite run on these (see :func:`mrkit._
 """
 from __future__ import annotations
 
-from .._resource import DEFAULT_ALIGNMENT, check_request
+from .._resource import DEFAULT_ALIGNMENT, check_request, check_size
 from .._stream import Stream
 from ._freelist import FreeList
 
@@ -321,12 +321,7 @@ def hook_paths(arena, *, current_stream, seen: list, remember, foreign_free):
 def rounded_size(size, unit: int) -> int:
     """``size`` (an allocator entry point's argument) rounded up to ``unit``, a power of two:
     ``TypeError``/``ValueError`` naming ``size`` for anything but an int ``>= 0``."""
-    if isinstance(size, bool) or not hasattr(type(size), "__index__"):
-        raise TypeError(f"size must be an int, not {type(size).__name__}")
-    size = size.__index__()
-    if size < 0:
-        raise ValueError(f"size must be >= 0, got {size}")
-    return (size + unit - 1) & -unit
+    return (check_size(size, "size") + unit - 1) & -unit
 
 
 def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream, seen: list, remember,
@@ -342,13 +337,14 @@ def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream,
     ``ValueError`` naming ``size``, :func:`rounded_size`). ``owner`` is a ``(ptr, stream)`` tuple whose
     finalizer is the free path itself: a block goes back when the last reference to its owner dies
     (Python runs finalizers before the collector clears a cycle, so a block in a garbage cycle is
-    freed once). ``get_device()`` names the caller's current device; when it is not ``device_id``
-    the call is ``elsewhere(size, device)``'s. While ``exiting[0]`` is true (interpreter exit) every
+    freed once). ``get_device()`` names the caller's current device (a dispatcher that has read it
+    passes it, ``route(size, device)``); when it is not ``device_id`` the call is
+    ``elsewhere(size, device)``'s. While ``exiting[0]`` is true (interpreter exit) every
     free is counted in ``late[0]``, and one that fails in ``late[1]`` instead of being reported."""
     if type(unit) is not int or unit <= 0 or unit & (unit - 1):
         raise ValueError(f"unit must be a power of two, not {unit!r}")
     live, lock, states_get, live_pop = arena.live, arena.lock, arena.states.get, arena.live.pop
-    _int, _type, _BaseException, _TypeError = int, type, BaseException, TypeError
+    _int, _type, _BaseException = int, type, BaseException
     _AttributeError, _IndexError = AttributeError, IndexError
     mask, neg = unit - 1, -unit
 
@@ -387,17 +383,16 @@ def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream,
                     raise
                 late[1] += 1
 
-    def route(size):
+    def route(size, dev=None):
         """``size`` bytes (rounded up to the unit) on the caller's current stream, owned by the
-        object returned."""
-        dev = get_device()
-        if dev != device_id:
-            return elsewhere(size, dev)
-        try:
+        object returned (``dev``: the caller's current device, when the caller has read it already)."""
+        if dev is None:
+            dev = get_device()
+            if dev != device_id:
+                return elsewhere(size, dev)
+        if _type(size) is _int and size > 0:
             n = (size + mask) & neg
-        except _TypeError:
-            n = 0
-        if _type(size) is not _int or n <= 0:  # zero, other integer types, and every bad size's error
+        else:  # zero, other integer types, and every bad size's error
             n = rounded_size(size, unit)
             if n == 0:
                 return pointer(memory(0, 0, None, dev), 0)

@@ -209,19 +209,17 @@ def _python_route(hooks: "AllocatorHooks", get_device_id, Memory, Pointer, get_s
         return route
 
     def elsewhere(size, dev):
-        return route_for(dev)(size)
+        return route_for(dev)(size, dev)
 
     if hooks.resource is not None:
-        route = route_for(hooks.resource.device_id or 0)
-        route.rounding = ALLOCATION_UNIT
-        return route
+        return route_for(hooks.resource.device_id or 0)
 
     def malloc(size):
         dev = get_device_id()
         got = routes.get(dev)
         if got is None or table.get(dev) is not got[0]:  # first use, or the current resource was replaced
-            return route_for(dev)(size)
-        return got[1](size)
+            return route_for(dev)(size, dev)
+        return got[1](size, dev)  # the device read once
 
     malloc.rounding = ALLOCATION_UNIT
     return malloc
@@ -232,15 +230,17 @@ def _hook_route(entry: tuple, device_id: int, get_device_id, elsewhere, Memory, 
     :class:`CupyBlock` that gives it back through ``free``."""
     m, f = entry[0], entry[1]
 
-    def route(size):
-        dev = get_device_id()
-        if dev != device_id:
-            return elsewhere(size, dev)
+    def route(size, dev=None):
+        if dev is None:
+            dev = get_device_id()
+            if dev != device_id:
+                return elsewhere(size, dev)
         n = rounded_size(size, ALLOCATION_UNIT)
         if n == 0:
             return Pointer(Memory(0, 0, None, dev), 0)
         ptr = m(n, dev)
         return Pointer(Memory(ptr, n, CupyBlock(ptr, dev, f), dev), 0)
+    route.rounding = ALLOCATION_UNIT
     return route
 
 
