@@ -48,7 +48,7 @@ def snapshot(mr: MemoryResource | None = None) -> dict:
     arena = cache.arena
     dev = cache.device_id or 0
     with arena.lock:
-        live = dict(arena.live)
+        live = arena.live.copy()  # one step (a dict, or the compiled AddressTable)
         aligned = {block: (size, n, ptr) for ptr, (block, size, n, _) in arena.aligned.items()}
         free = []
         for st in list(arena.states.values()):

@@ -262,11 +262,13 @@ class Arena:
         self.device_id = device_id
         self.driver = driver
         self.ordered = ordered
-        self.live: dict[int, int] = {}  # ptr -> nbytes as requested
         self.aligned: dict[int, tuple[int, int, int, int]] = {}  # ptr -> (block, size, nbytes, alignment > 256)
         self.states: dict[int, StreamState] = {} if ordered else _OneState()
         self.chunks: dict[int, int] = {}  # chunk base -> size
         self.build = _paths()  # the hot path's build (compiled or Python), kept for its variants
+        # ptr -> nbytes as requested: a dict, or the compiled build's AddressTable (the same mapping,
+        # its keys C values hashed for addresses)
+        self.live: dict[int, int] = self.build.AddressTable() if hasattr(self.build, "AddressTable") else {}
         self.boundaries = self.build.Boundaries()  # chunk bases: blocks never coalesce across them
         self.held = 0
         self.event = None

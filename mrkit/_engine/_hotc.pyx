@@ -25,7 +25,7 @@ a footprint limit), the miss count that makes a size hot, and its ``free_block``
 Python code.
 """
 from cpython.dict cimport PyDict_GetItem, PyDict_Next
-from cpython.ref cimport PyObject
+from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF, Py_XDECREF
 cimport cython
 from cython.operator cimport dereference as deref, preincrement as inc
 from libcpp.map cimport map as cmap
@@ -35,13 +35,14 @@ from libcpp.vector cimport vector
 from libcpp.algorithm cimport lower_bound
 from cpython.list cimport PyList_GET_ITEM
 from libc.stdint cimport intptr_t
-from libc.stdlib cimport calloc, free, realloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memset
 
 from mrkit._resource import DEFAULT_ALIGNMENT
 from mrkit._stream import Stream
 from mrkit._engine._hot import checked_free_args, rounded_size as _rounded_size
 from time import monotonic as _monotonic
+from collections.abc import Mapping as _Mapping, MutableMapping as _MutableMapping
 
 cdef object _Stream = Stream
 cdef object _DEFAULT = DEFAULT_ALIGNMENT
@@ -666,9 +667,358 @@ cdef class Misses:
         return {self.keys[i]: self.counts[i] for i in range(self.mask + 1) if self.gens[i] == self.gen}
 
 
+cdef extern from "Python.h":
+    object PyNumber_Index(object o)
+    bint PyIndex_Check(object o)
+
+cdef u64 _NO_KEY = 0xFFFFFFFFFFFFFFFFULL  # an empty slot (no block ends past the last address)
+cdef object _MISSING = object()
+
+
+cdef inline bint _key_of(object k, u64 *out) except -1:
+    """``k`` as a block address (an int, or an object with ``__index__``, as a dict finds an equal int);
+    false for anything else, a negative value or one that cannot be an address."""
+    if not isinstance(k, int):
+        if not PyIndex_Check(k):
+            return 0
+        k = PyNumber_Index(k)
+    return _as_u64(k, out) and out[0] != _NO_KEY
+
+
+cdef class AddressTable:
+    """The compiled build's table of block addresses: a ``dict`` of address -> size (the arena's
+    ``live``: ints in ``[0, 2**64)``) or, made with ``objects=True``, address -> object (the hooks'
+    ``where``: each block's stream).
+
+    Block addresses are multiples of 256, which CPython's int hash crowds into a handful of first
+    slots of a dict (a look-up then compares several keys, each a separate int object). Here the keys
+    are C values in one flat array: open addressing by a multiplicative hash, linear probing, at most
+    half full, deletion by backward shift (no tombstones), large storage (over 32 768 slots) halved
+    when a sixteenth of it would do. Each operation is one C step under the GIL (no Python code runs inside), as a dict's is, so
+    the engine's lock-free steps keep their meaning; the Python view (``keys``, ``values``, ``items``,
+    ``copy``, iteration) copies the entries out first, then makes the objects (making them may run
+    the collector, and a finalizer may free a block)."""
+    cdef u64 *addr  # each slot's address, or _NO_KEY
+    cdef u64 *size  # each slot's size (objects=False), else NULL
+    cdef PyObject **obj  # each slot's object (objects=True), else NULL
+    cdef Py_ssize_t mask, used
+    cdef int shift
+    cdef readonly bint objects
+
+    def __cinit__(self, bint objects=False):
+        self.objects = objects
+        if self.alloc(16) < 0:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.obj is not NULL:
+            for i in range(self.mask + 1):
+                if self.addr[i] != _NO_KEY:
+                    Py_XDECREF(self.obj[i])
+        free(self.addr)
+        free(self.size)
+        free(self.obj)
+
+    cdef int alloc(self, Py_ssize_t n) noexcept:
+        """Empty storage of ``n`` slots (a power of two); -1 when memory runs out (nothing changed)."""
+        cdef u64 *keys = <u64*>malloc(n * sizeof(u64))
+        cdef u64 *vals = NULL
+        cdef PyObject **objs = NULL
+        cdef Py_ssize_t i
+        if self.objects:
+            objs = <PyObject**>malloc(n * sizeof(PyObject*))
+        else:
+            vals = <u64*>malloc(n * sizeof(u64))
+        if keys is NULL or (vals is NULL and objs is NULL):
+            free(keys)
+            free(vals)
+            free(objs)
+            return -1
+        for i in range(n):
+            keys[i] = _NO_KEY
+        self.addr, self.size, self.obj = keys, vals, objs
+        self.mask, self.used = n - 1, 0
+        self.shift = 64
+        while n > 1:
+            n >>= 1
+            self.shift -= 1
+        return 0
+
+    cdef inline Py_ssize_t home(self, u64 k) noexcept:
+        return <Py_ssize_t>((k * 0x9E3779B97F4A7C15ULL) >> self.shift)  # the top bits: every bit counts
+
+    cdef inline Py_ssize_t find(self, u64 k) noexcept:
+        """The slot holding ``k``, or -1."""
+        cdef Py_ssize_t i = self.home(k)
+        cdef u64 at
+        while True:
+            at = self.addr[i]
+            if at == k:
+                return i
+            if at == _NO_KEY:
+                return -1
+            i = (i + 1) & self.mask
+
+    cdef int resize(self, Py_ssize_t n) except -1:
+        """Move every entry into ``n`` slots."""
+        cdef u64 *keys = self.addr
+        cdef u64 *vals = self.size
+        cdef PyObject **objs = self.obj
+        cdef Py_ssize_t old = self.mask + 1, used = self.used, i, j
+        if self.alloc(n) < 0:
+            raise MemoryError()
+        for i in range(old):
+            if keys[i] != _NO_KEY:
+                j = self.home(keys[i])
+                while self.addr[j] != _NO_KEY:
+                    j = (j + 1) & self.mask
+                self.addr[j] = keys[i]
+                if objs is NULL:
+                    self.size[j] = vals[i]
+                else:
+                    self.obj[j] = objs[i]
+        self.used = used
+        free(keys)
+        free(vals)
+        free(objs)
+        return 0
+
+    cdef inline Py_ssize_t slot_for(self, u64 k) except -2:
+        """The slot for a new or existing ``k`` (grown first if a new entry would fill half)."""
+        cdef Py_ssize_t i
+        if 2 * (self.used + 1) > self.mask + 1:
+            i = self.find(k)
+            if i >= 0:
+                return i
+            self.resize(2 * (self.mask + 1))
+        i = self.home(k)
+        while self.addr[i] != _NO_KEY and self.addr[i] != k:
+            i = (i + 1) & self.mask
+        return i
+
+    cdef void remove_at(self, Py_ssize_t i) noexcept:
+        """Empty slot ``i`` (its object's reference already taken), shifting later entries of the
+        run back so that every look-up still finds them."""
+        cdef Py_ssize_t j = i, h
+        while True:
+            j = (j + 1) & self.mask
+            if self.addr[j] == _NO_KEY:
+                break
+            h = self.home(self.addr[j])
+            if (i <= j and i < h <= j) or (i > j and (h > i or h <= j)):
+                continue  # at or after its home: stays
+            self.addr[i] = self.addr[j]
+            if self.obj is NULL:
+                self.size[i] = self.size[j]
+            else:
+                self.obj[i] = self.obj[j]
+            i = j
+        self.addr[i] = _NO_KEY
+        self.used -= 1
+
+    cdef inline void shrink(self) noexcept:
+        """Halve large storage (more than 32 768 slots) while a sixteenth of it would do (a failed
+        allocation keeps it); smaller storage stays, as a dict's does, so that a batch made and freed
+        again and again does not resize the table each time."""
+        if 16 * self.used < self.mask + 1 and self.mask >= 65535:
+            try:
+                self.resize((self.mask + 1) // 2)
+            except MemoryError:
+                pass
+
+    # -- the engine's C steps -------------------------------------------------------------------
+    cdef inline int put_u(self, u64 k, u64 v) except -1:
+        cdef Py_ssize_t i = self.slot_for(k)
+        if self.addr[i] == _NO_KEY:
+            self.addr[i] = k
+            self.used += 1
+        self.size[i] = v
+        return 0
+
+    cdef inline bint take_u(self, u64 k, u64 *v) noexcept:
+        """Remove ``k``, its size in ``v``; false (nothing changed) when absent."""
+        cdef Py_ssize_t i = self.find(k)
+        if i < 0:
+            return 0
+        v[0] = self.size[i]
+        self.remove_at(i)
+        self.shrink()
+        return 1
+
+    cdef inline int put(self, object ptr, object nbytes) except -1:
+        """``live[ptr] = nbytes`` for an address and a size the engine made or checked."""
+        cdef u64 k, v
+        if not _key_of(ptr, &k):
+            raise TypeError(f"a block address must be an int in [0, 2**64 - 1), not {ptr!r}")
+        if not isinstance(nbytes, int):
+            raise TypeError(f"a size must be an int, not {type(nbytes).__name__}")
+        if not _as_u64(nbytes, &v):
+            raise ValueError(f"a size must be an int in [0, 2**64), not {nbytes!r}")
+        return self.put_u(k, v)
+
+    cdef inline int put_obj(self, u64 k, object o) except -1:
+        cdef Py_ssize_t i = self.slot_for(k)
+        Py_INCREF(o)
+        if self.addr[i] == _NO_KEY:
+            self.addr[i] = k
+            self.used += 1
+        else:
+            Py_XDECREF(self.obj[i])
+        self.obj[i] = <PyObject*>o
+        return 0
+
+    cdef inline object take_obj(self, u64 k):
+        """Remove ``k``; its object (the table's reference, now the caller's), or None when absent."""
+        cdef Py_ssize_t i = self.find(k)
+        cdef PyObject *o
+        if i < 0:
+            return None
+        o = self.obj[i]
+        self.remove_at(i)
+        self.shrink()
+        r = <object>o  # a new reference...
+        Py_DECREF(r)  # ...and the table's given up
+        return r
+
+    cdef inline bint has(self, u64 k) noexcept:
+        return self.find(k) >= 0
+
+    # -- the mapping --------------------------------------------------------------------------------
+    @property
+    def capacity(self):
+        """How many slots the storage has now (a power of two, at least twice the entries)."""
+        return self.mask + 1
+
+    cdef object value_at(self, Py_ssize_t i):
+        if self.obj is NULL:
+            return self.size[i]
+        return <object>self.obj[i]
+
+    def __len__(self):
+        return self.used
+
+    def __contains__(self, key):
+        cdef u64 k
+        return _key_of(key, &k) and self.find(k) >= 0
+
+    def __getitem__(self, key):
+        cdef u64 k
+        cdef Py_ssize_t i = self.find(k) if _key_of(key, &k) else -1
+        if i < 0:
+            raise KeyError(key)
+        return self.value_at(i)
+
+    def get(self, key, default=None):
+        cdef u64 k
+        cdef Py_ssize_t i = self.find(k) if _key_of(key, &k) else -1
+        return default if i < 0 else self.value_at(i)
+
+    def __setitem__(self, key, value):
+        cdef u64 k
+        if not self.objects:
+            self.put(key, value)
+            return
+        if not _key_of(key, &k):
+            raise TypeError(f"a block address must be an int in [0, 2**64 - 1), not {key!r}")
+        self.put_obj(k, value)
+
+    def __delitem__(self, key):
+        if self.pop(key, _MISSING) is _MISSING:
+            raise KeyError(key)
+
+    def pop(self, key, default=_MISSING):
+        cdef u64 k, v
+        if _key_of(key, &k):
+            if self.obj is not NULL:
+                if self.find(k) >= 0:
+                    return self.take_obj(k)
+            elif self.take_u(k, &v):
+                return v
+        if default is _MISSING:
+            raise KeyError(key)
+        return default
+
+    def clear(self):
+        cdef Py_ssize_t i
+        cdef list dropped = []
+        if self.obj is not NULL:
+            for i in range(self.mask + 1):
+                if self.addr[i] != _NO_KEY:
+                    dropped.append(<object>self.obj[i])
+                    Py_DECREF(<object>self.obj[i])
+        for i in range(self.mask + 1):
+            self.addr[i] = _NO_KEY
+        self.used = 0
+        del dropped  # the objects released after the table is consistent
+
+    cdef list entries(self, int what):
+        """The keys (0), values (1) or ``(key, value)`` pairs (2), copied out before any object is
+        made."""
+        cdef vector[u64] ks, vs
+        cdef vector[PyObject*] ps  # each held (a reference taken) until the lists are made
+        cdef Py_ssize_t i, n
+        for i in range(self.mask + 1):
+            if self.addr[i] != _NO_KEY:
+                ks.push_back(self.addr[i])
+                if self.obj is NULL:
+                    vs.push_back(self.size[i])
+                else:
+                    Py_INCREF(<object>self.obj[i])
+                    ps.push_back(self.obj[i])
+        n = ks.size()
+        try:
+            if what == 0:
+                return [ks[i] for i in range(n)]
+            if self.objects:
+                if what == 1:
+                    return [<object>ps[i] for i in range(n)]
+                return [(ks[i], <object>ps[i]) for i in range(n)]
+            if what == 1:
+                return [vs[i] for i in range(n)]
+            return [(ks[i], vs[i]) for i in range(n)]
+        finally:
+            for i in range(<Py_ssize_t>ps.size()):
+                Py_DECREF(<object>ps[i])
+
+    def keys(self):
+        """The addresses, as a new list."""
+        return self.entries(0)
+
+    def values(self):
+        """The values, as a new list."""
+        return self.entries(1)
+
+    def items(self):
+        """``(address, value)`` pairs, as a new list."""
+        return self.entries(2)
+
+    def __iter__(self):
+        return iter(self.entries(0))
+
+    def copy(self):
+        """The entries as a new ``dict``."""
+        return dict(self.entries(2))
+
+    def __eq__(self, other):
+        if isinstance(other, AddressTable):
+            other = (<AddressTable>other).copy()
+        elif not isinstance(other, _Mapping):
+            return NotImplemented
+        return self.copy() == dict(other)
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"AddressTable({self.copy()!r})"
+
+
+_MutableMapping.register(AddressTable)
+
+
 cdef class _Base:
     """What every variant reads: the arena's live table, states, lock and locked steps."""
-    cdef dict live
+    cdef AddressTable live
     cdef object states, states_get
     cdef Lock lock
     cdef Misses missed
@@ -736,11 +1086,31 @@ cdef class _Base:
             self.memo_n, self.memo_size, self.memo_c = nbytes, size, 0  # one step: no other thread runs in between
         return size
 
+    cdef inline object live_size(self, u64 n):
+        """The cache size of a live block of ``n`` bytes (as the live table holds it): the last
+        request's when it is that size (:meth:`HookPaths.malloc_n` remembers it by its C value)."""
+        if n == self.memo_c and n != 0:
+            return self.memo_size
+        return (n + 255) & ~(<u64>255)
+
     cdef inline object freed_size(self, object nbytes):
         """``_rounded(nbytes)`` for a free (``nbytes`` an exact int), remembered as :meth:`size_of`."""
         if nbytes is self.memo_n:
             return self.memo_size
         return _rounded(nbytes)
+
+    cdef inline bint unlive(self, object ptr, object nbytes) except -1:
+        """Take ``ptr`` out of the live table if it is live with exactly ``nbytes`` (an exact int):
+        true; else change nothing (false: the locked path decides, with the precise error). Taken out,
+        then put back on a mismatch, each one C step, as the Python build's ``live.pop``: two threads
+        freeing one block cannot both take it."""
+        cdef u64 p, n, want
+        if not _key_of(ptr, &p) or not self.live.take_u(p, &n):
+            return False
+        if _as_u64(nbytes, &want) and want == n and n != 0:
+            return True
+        self.live.put_u(p, n)
+        return False
 
     cdef inline object cached_pop(self, object stream, object size):
         """A block of ``size`` from ``stream``'s cache, lock-free, or None."""
@@ -783,7 +1153,7 @@ cdef class _Base:
                 ptr = self.best_fit(st, n)
             if ptr is None:
                 ptr = self.find(size, stream, True)
-        elif self.pages_fit and (self.live or self.aligned) and not st.cached_c() and _as_u64(size, &n):
+        elif self.pages_fit and (self.live.used or self.aligned) and not st.cached_c() and _as_u64(size, &n):
             # the source's plain placement (ChunkSource.plain_pages), step for step: best fit keeping
             # the block that ends at the top for last; pages mapped only where missing
             free = st.free
@@ -920,7 +1290,7 @@ cdef class _Base:
             if self.deferred:  # frees made while the lock was taken: in their lists before the fit
                 self.arena.apply_deferred()
             ptr = self.take_c(size, stream)
-            self.live[ptr] = nbytes
+            self.live.put(ptr, nbytes)
             if self.deferred:
                 self.arena.apply_deferred()
         finally:
@@ -1010,7 +1380,7 @@ cdef class PlainPaths(_Base):
             return self.allocate_slow(nbytes, stream, alignment)
         ptr = self.cached_pop(stream, size)
         if ptr is not None:
-            self.live[ptr] = nbytes
+            self.live.put(ptr, nbytes)
             return ptr
         return self.locked_take(size, stream, nbytes)
 
@@ -1023,10 +1393,7 @@ cdef class PlainPaths(_Base):
             if alignment > 256:
                 self.locked_free(ptr, nbytes, stream, alignment)
                 return
-        n = self.live.pop(ptr, None)
-        if n is not nbytes and (n is None or n != nbytes):  # zero, aligned blocks, and every error: the locked path decides
-            if n is not None:
-                self.live[ptr] = n
+        if not self.unlive(ptr, nbytes):  # zero, aligned blocks, and every error: the locked path decides
             self.locked_free(ptr, nbytes, stream, alignment)
             return
         self.cache_or_free(ptr, self.freed_size(nbytes), stream)
@@ -1071,7 +1438,7 @@ cdef class CountingPaths(_Base):
             return ptr
         ptr = self.cached_pop(stream, size)
         if ptr is not None:
-            self.live[ptr] = nbytes
+            self.live.put(ptr, nbytes)
         else:
             ptr = self.locked_take(size, stream, nbytes)
         self.counted[ptr] = nbytes
@@ -1087,10 +1454,7 @@ cdef class CountingPaths(_Base):
             if alignment > 256:
                 self.free_slow(ptr, nbytes, stream, alignment)
                 return
-        n = self.live.pop(ptr, None)
-        if n is not nbytes and (n is None or n != nbytes):
-            if n is not None:
-                self.live[ptr] = n
+        if not self.unlive(ptr, nbytes):
             self.free_slow(ptr, nbytes, stream, alignment)
             return
         if self.counted.pop(ptr, None) is not None:  # memory the adaptor never counted goes home uncounted
@@ -1104,13 +1468,13 @@ cdef class HookPaths(_Base):
     """``malloc(nbytes, device_id)``/``free(ptr, device_id)`` for hooks that name no stream."""
     cdef object current_stream, remember, foreign_free
     cdef list seen
-    cdef readonly dict where
+    cdef readonly AddressTable where  # block -> the stream it was allocated on
 
     def __init__(self, arena, current_stream, seen, remember, foreign_free):
         _Base.__init__(self, arena)
         self.current_stream, self.seen = current_stream, seen
         self.remember, self.foreign_free = remember, foreign_free
-        self.where = {}
+        self.where = AddressTable(True)
 
     cdef object malloc_n(self, size_t n, int device_id):
         """:meth:`malloc_c` for a C size (CuPy's C route): the int for the size, and its cache size,
@@ -1134,6 +1498,7 @@ cdef class HookPaths(_Base):
         ref, stream = <tuple>self.seen[0]
         if ref() is not cs:
             stream = self.remember(cs)
+        cdef u64 p
         if size is None:
             ptr = self.allocate_slow(nbytes, stream, 256)
             if ptr:
@@ -1141,10 +1506,11 @@ cdef class HookPaths(_Base):
             return ptr
         ptr = self.cached_pop(stream, size)
         if ptr is not None:
-            self.live[ptr] = nbytes
+            self.live.put(ptr, nbytes)
         else:
             ptr = self.locked_take(size, stream, nbytes)
-        self.where[ptr] = stream
+        _key_of(ptr, &p)  # an address the engine made
+        self.where.put_obj(p, stream)
         return ptr
 
     cdef int free_c(self, object ptr, int device_id) except -1:
@@ -1154,14 +1520,16 @@ cdef class HookPaths(_Base):
 
     cdef bint try_free(self, object ptr) except -1:
         """Free ``ptr`` if it is one of these hooks' live blocks (true), else change nothing (false)."""
-        stream = self.where.pop(ptr, None)
+        cdef u64 p, n
+        if not _key_of(ptr, &p):
+            return False
+        stream = self.where.take_obj(p)
         if stream is None:
             return False
-        nbytes = self.live.pop(ptr, None)
-        if nbytes is None:  # cannot happen while ``where`` and ``live`` agree; the lock decides
+        if not self.live.take_u(p, &n):  # cannot happen while ``where`` and ``live`` agree; the lock decides
             self.locked_free(ptr, -1, stream, 256)
             return True
-        self.cache_or_free(ptr, self.freed_size(nbytes), stream)
+        self.cache_or_free(ptr, self.live_size(n), stream)
         return True
 
     def malloc(self, nbytes, device_id):
@@ -1235,7 +1603,7 @@ cdef class CHooks:
 cdef inline bint _holds(object e, object ptr) except -1:
     core = (<tuple>e)[3]
     if core is not None:
-        return ptr in (<HookPaths>core).where
+        return ptr in (<HookPaths>core).where  # AddressTable.__contains__
     return bool((<tuple>e)[2](ptr))
 
 

@@ -1,0 +1,70 @@
+"""The compiled CuPy hooks timed from C, without a GPU (the simulator and a fake CuPy): the hook pair
+(malloc + free of one size) and a batch of 1 000 sizes made then freed in random order, as
+``bench_cupy_route.py`` does through ``cupy.empty``; nanoseconds per pair, best of ``rounds``.
+Diagnostic for the development machine: ``python tools/probe_c_hooks.py [rounds] [batch]`` (``batch``:
+that row only, for a profiler)."""
+import ctypes
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import fake_cupy  # noqa: E402
+
+cp = fake_cupy.install()
+cp.cuda.get_current_stream = {0: cp.Stream(0)}.get  # one stream object per device, read at C speed (as CuPy's)
+import mrkit  # noqa: E402
+import mrkit.cupy  # noqa: E402
+from mrkit import DeviceMemoryResource, PoolResource  # noqa: E402
+
+_C = r"""
+typedef void *(*m_t)(void *, unsigned long, int);
+typedef void (*f_t)(void *, void *, int);
+void pairs(void *param, m_t m, f_t f, unsigned long n, long count) {
+    for (long i = 0; i < count; i++) { void *p = m(param, n, 0); f(param, p, 0); }
+}
+int batch(void *param, m_t m, f_t f, unsigned long *sizes, long *order, void **ptrs, long n) {
+    for (long i = 0; i < n; i++) { ptrs[i] = m(param, sizes[i], 0); if (!ptrs[i]) return -1; }
+    for (long i = 0; i < n; i++) f(param, ptrs[order[i]], 0);
+    return 0;
+}
+"""
+
+
+def main(rounds=7, only=""):
+    d = tempfile.mkdtemp()
+    Path(d, "h.c").write_text(_C)
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", f"{d}/h.c", "-o", f"{d}/h.so"], check=True)
+    lib = ctypes.PyDLL(f"{d}/h.so")  # the GIL stays held, as CuPy calls the hooks
+    lib.pairs.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_ulong, ctypes.c_long]
+    lib.batch.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long]
+    entry = mrkit.cupy.allocator(PoolResource(DeviceMemoryResource(0)))
+    from mrkit.integrations.cupy import _c_kept
+    param, m, f = _c_kept[-1][0].addresses  # the C hooks behind entry
+    rng = random.Random(7)
+    n = 1000
+    sizes = (ctypes.c_ulong * n)(*[(int(2 ** rng.uniform(8, 20)) + 511) & -512 for _ in range(n)])
+    order = list(range(n))
+    rng.shuffle(order)
+    order = (ctypes.c_long * n)(*order)
+    ptrs = (ctypes.c_void_p * n)()
+    out = {}
+    for r in range(rounds + 2):  # two rounds to warm (sizes hot)
+        for name, size in () if only == "batch" else (("pair 256 B", 512), ("pair 8 MiB", 8 << 20)):
+            t = time.perf_counter()
+            lib.pairs(param, m, f, size, 20000)
+            out.setdefault(name, []).append((time.perf_counter() - t) / 20000 * 1e9)
+        t = time.perf_counter()
+        for _ in range(20):
+            assert lib.batch(param, m, f, sizes, order, ptrs, n) == 0
+        out.setdefault("batch", []).append((time.perf_counter() - t) / 20 / n * 1e9)
+    for k, v in out.items():
+        print(f"{k}: {min(v[2:]):.0f} ns a pair")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 7, *sys.argv[2:3])
