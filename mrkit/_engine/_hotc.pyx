@@ -444,6 +444,15 @@ cdef class StateFields:
         self.hot_lists, self.index_cache, self.index_len = lists, cache, len(hot)
         return 0
 
+    cdef inline object list_for(self, u64 size):
+        """The cache list of ``size`` through the index (only while :meth:`indexed` holds; lock-free:
+        the index changes only in C steps under the lock), or None when ``size`` has none: a binary
+        search over C values, no int made, no dict probed."""
+        cdef vector[u64].iterator it = lower_bound(self.hot_sizes.begin(), self.hot_sizes.end(), size)
+        if it == self.hot_sizes.end() or deref(it) != size:
+            return None
+        return <object>PyList_GET_ITEM(self.hot_lists, it - self.hot_sizes.begin())
+
     cdef bint cached_c(self) except -1:
         cdef Py_ssize_t pos = 0
         cdef PyObject *key
@@ -1035,7 +1044,8 @@ cdef class _Base:
     cdef StateFields last_state  # see state_of
     cdef object memo_n, memo_size  # the last request seen and its cache size (see size_of)
     cdef size_t memo_c  # nonzero: memo_n is this C value's int (HookPaths.malloc_n), else unknown
-    cdef object memo_cache, memo_key, memo_list  # the last cache list found (see list_of)
+    cdef object memo_cache, memo_list  # the last cache list found, for the size memo_usize (see list_u)
+    cdef u64 memo_usize
 
     def __init__(self, arena):
         self.arena, self.find, self.boundaries = arena, arena.find, arena.boundaries
@@ -1086,55 +1096,48 @@ cdef class _Base:
             self.memo_n, self.memo_size, self.memo_c = nbytes, size, 0  # one step: no other thread runs in between
         return size
 
-    cdef inline object live_size(self, u64 n):
-        """The cache size of a live block of ``n`` bytes (as the live table holds it): the last
-        request's when it is that size (:meth:`HookPaths.malloc_n` remembers it by its C value)."""
-        if n == self.memo_c and n != 0:
-            return self.memo_size
-        return (n + 255) & ~(<u64>255)
-
-    cdef inline object freed_size(self, object nbytes):
-        """``_rounded(nbytes)`` for a free (``nbytes`` an exact int), remembered as :meth:`size_of`."""
-        if nbytes is self.memo_n:
-            return self.memo_size
-        return _rounded(nbytes)
-
-    cdef inline bint unlive(self, object ptr, object nbytes) except -1:
-        """Take ``ptr`` out of the live table if it is live with exactly ``nbytes`` (an exact int):
-        true; else change nothing (false: the locked path decides, with the precise error). Taken out,
-        then put back on a mismatch, each one C step, as the Python build's ``live.pop``: two threads
-        freeing one block cannot both take it."""
-        cdef u64 p, n, want
-        if not _key_of(ptr, &p) or not self.live.take_u(p, &n):
+    cdef inline bint unlive(self, object ptr, object nbytes, u64 *n) except -1:
+        """Take ``ptr`` out of the live table if it is live with exactly ``nbytes`` (an exact int),
+        its size in ``n``: true; else change nothing (false: the locked path decides, with the precise
+        error). Taken out, then put back on a mismatch, each one C step, as the Python build's
+        ``live.pop``: two threads freeing one block cannot both take it."""
+        cdef u64 p, want
+        if not _key_of(ptr, &p) or not self.live.take_u(p, n):
             return False
-        if _as_u64(nbytes, &want) and want == n and n != 0:
+        if _as_u64(nbytes, &want) and want == n[0] and want != 0:
             return True
-        self.live.put_u(p, n)
+        self.live.put_u(p, n[0])
         return False
 
-    cdef inline object cached_pop(self, object stream, object size):
-        """A block of ``size`` from ``stream``'s cache, lock-free, or None."""
+    cdef inline object cached_pop(self, object stream, u64 size):
+        """A block of ``size`` (a cache size: a multiple of 256, at most ``2**62``) from ``stream``'s
+        cache, lock-free, or None."""
         cdef StateFields st = self.state_of(stream)
         if st is None:
             return None
         cache = st.cache
         if cache is None:  # retired
             return None
-        lst = self.list_of(cache, size)
+        lst = self.list_u(st, cache, size)
         if lst is None:
             return None
         return _pop_keep(<list>lst)  # None when empty (another thread may have taken the last one)
 
-    cdef inline object list_of(self, object cache, object size):
-        """``cache.get(size)``, remembered for the last cache dict and size object that had a list: a
-        cache dict never loses or replaces a list (only ``register`` adds one, and a flush swaps the
-        whole dict), so while ``cache`` is that dict the list is that list. The dict is held, so its
-        identity cannot be reused."""
-        if cache is self.memo_cache and size is self.memo_key:
+    cdef inline object list_u(self, StateFields st, object cache, u64 size):
+        """``cache.get(size)`` for ``st``'s cache dict ``cache``, with no int made for ``size``:
+        remembered for the last cache dict and size that had a list (a cache dict never loses or
+        replaces a list: only ``register`` adds one, and a flush swaps the whole dict, so while
+        ``cache`` is that dict the list is that list; the dict is held, so its identity cannot be
+        reused); else the state's index while it stands for this dict and its sizes
+        (:meth:`StateFields.list_for`); else the dict itself."""
+        if cache is self.memo_cache and size == self.memo_usize:
             return self.memo_list
-        lst = (<dict>cache).get(size)
+        if st.index_cache is cache and st.index_len == len(st.hot):
+            lst = st.list_for(size)
+        else:
+            lst = (<dict>cache).get(size)
         if lst is not None:
-            self.memo_cache, self.memo_key, self.memo_list = cache, size, lst  # one step (GIL held)
+            self.memo_cache, self.memo_usize, self.memo_list = cache, size, lst  # one step (GIL held)
         return lst
 
     cdef object take_c(self, object size, object stream):
@@ -1297,15 +1300,16 @@ cdef class _Base:
             self.lock.give()
         return ptr
 
-    cdef inline int cache_or_free(self, object ptr, object size, object stream) except -1:
-        """Put a freed block (no longer live) in its stream's cache if the size is hot, else in the
-        free list under the lock; rule 3 (publish, then validate) as in the Python build."""
+    cdef inline int cache_or_free(self, object ptr, u64 size, object stream) except -1:
+        """Put a freed block (no longer live; ``size`` its cache size) in its stream's cache if the
+        size is hot, else in the free list under the lock; rule 3 (publish, then validate) as in the
+        Python build."""
         cdef StateFields st = self.state_of(stream)
         cdef bint known = False  # st has no list for size, seen in this same step (GIL held)
         if st is not None:
             cache = st.cache
             if cache is not None:
-                lst = self.list_of(cache, size)
+                lst = self.list_u(st, cache, size)
                 if lst is not None:
                     (<list>lst).append(ptr)
                     st.maybe_cached = True
@@ -1317,6 +1321,7 @@ cdef class _Base:
         return self.free_locked(ptr, size, stream, st if known else None)
 
     cdef int free_locked(self, object ptr, object size, object stream, StateFields known) except -1:
+        # (``size`` an int: the C value of cache_or_free becomes one here, off the lock-free path)
         """The rest of :meth:`cache_or_free` (kept out of the lock-free part, which the hot path
         inlines): into the free list under the lock, or deferred (rule 8: a free never waits for it).
         ``known``: the stream's state, seen in the same step to have no list for the size (no Python
@@ -1366,6 +1371,20 @@ cdef inline object _fast_rounded(object nbytes):
     return (v + 255) & ~255LL
 
 
+cdef inline bint _request(object nbytes, u64 *n) except -1:
+    """Whether ``nbytes`` is a request the cache can serve (an exact int in ``[1, 2**62]``), its
+    value in ``n``: the C twin of ``_fast_rounded(nbytes)`` returning a size that fits."""
+    cdef int overflow = 0
+    cdef long long v
+    if type(nbytes) is not int:
+        return False
+    v = PyLong_AsLongLongAndOverflow(nbytes, &overflow)
+    if overflow or v <= 0 or v > (1LL << 62):
+        return False
+    n[0] = <u64>v
+    return True
+
+
 cdef class PlainPaths(_Base):
     """``allocate``/``deallocate``: a caching resource's own methods."""
 
@@ -1373,15 +1392,17 @@ cdef class PlainPaths(_Base):
         """Allocate ``nbytes`` for work on ``stream``: an exact-size cache hit takes no lock."""
         if type(stream) is not _Stream:
             stream = self.to_stream(stream)
+        cdef u64 n
         if alignment is not _DEFAULT:
             return self.allocate_slow(nbytes, stream, alignment)
+        if _request(nbytes, &n):
+            ptr = self.cached_pop(stream, (n + 255) & ~(<u64>255))
+            if ptr is not None:
+                self.live.put_u(<u64>ptr, n)
+                return ptr
         size = self.size_of(nbytes)
         if size is None:
             return self.allocate_slow(nbytes, stream, alignment)
-        ptr = self.cached_pop(stream, size)
-        if ptr is not None:
-            self.live.put(ptr, nbytes)
-            return ptr
         return self.locked_take(size, stream, nbytes)
 
     def deallocate(self, ptr, nbytes, stream, alignment=256):
@@ -1393,10 +1414,11 @@ cdef class PlainPaths(_Base):
             if alignment > 256:
                 self.locked_free(ptr, nbytes, stream, alignment)
                 return
-        if not self.unlive(ptr, nbytes):  # zero, aligned blocks, and every error: the locked path decides
+        cdef u64 n
+        if not self.unlive(ptr, nbytes, &n):  # zero, aligned blocks, and every error: the locked path decides
             self.locked_free(ptr, nbytes, stream, alignment)
             return
-        self.cache_or_free(ptr, self.freed_size(nbytes), stream)
+        self.cache_or_free(ptr, (n + 255) & ~(<u64>255), stream)
 
 
 cdef class CountingPaths(_Base):
@@ -1428,17 +1450,18 @@ cdef class CountingPaths(_Base):
         """Allocate as the arena does, and count it."""
         if type(stream) is not _Stream:
             stream = self.to_stream(stream)
+        cdef u64 n
         size = self.size_of(nbytes) if alignment is _DEFAULT else None
         if size is None:
             ptr = self.allocate_slow(nbytes, stream, alignment)
             if ptr:
-                n = nbytes.__index__()
-                self.counted[ptr] = n
-                self.events.append(n)
+                k = nbytes.__index__()
+                self.counted[ptr] = k
+                self.events.append(k)
             return ptr
-        ptr = self.cached_pop(stream, size)
+        ptr = self.cached_pop(stream, (n + 255) & ~(<u64>255)) if _request(nbytes, &n) else None
         if ptr is not None:
-            self.live.put(ptr, nbytes)
+            self.live.put_u(<u64>ptr, n)
         else:
             ptr = self.locked_take(size, stream, nbytes)
         self.counted[ptr] = nbytes
@@ -1454,14 +1477,15 @@ cdef class CountingPaths(_Base):
             if alignment > 256:
                 self.free_slow(ptr, nbytes, stream, alignment)
                 return
-        if not self.unlive(ptr, nbytes):
+        cdef u64 n
+        if not self.unlive(ptr, nbytes, &n):
             self.free_slow(ptr, nbytes, stream, alignment)
             return
         if self.counted.pop(ptr, None) is not None:  # memory the adaptor never counted goes home uncounted
             self.events.append(-nbytes)
             if len(self.events) > self.limit:
                 self.on_full()
-        self.cache_or_free(ptr, self.freed_size(nbytes), stream)
+        self.cache_or_free(ptr, (n + 255) & ~(<u64>255), stream)
 
 
 cdef class HookPaths(_Base):
@@ -1477,36 +1501,47 @@ cdef class HookPaths(_Base):
         self.where = AddressTable(True)
 
     cdef object malloc_n(self, size_t n, int device_id):
-        """:meth:`malloc_c` for a C size (CuPy's C route): the int for the size, and its cache size,
-        are remembered for the last size asked, so a loop over one size makes no new int for either
-        (and its frees find the cache size by identity, :meth:`freed_size`)."""
-        if n != 0 and n == self.memo_c:
-            return self.malloc_sized(self.memo_n, self.memo_size, device_id)
-        nbytes = n
-        size = _fast_rounded(nbytes)
-        if size is not None:
-            self.memo_n, self.memo_size, self.memo_c = nbytes, size, n  # one step (GIL held)
-        return self.malloc_sized(nbytes, size, device_id)
+        """:meth:`malloc_c` for a C size (CuPy's C route): a cache hit makes no int but the block's
+        address; a miss makes the ints for the size and its cache size, remembered for the last size
+        that missed."""
+        cdef u64 p
+        stream = self.stream_now(device_id)
+        if n == 0 or n > (1ULL << 62):
+            return self.malloc_sized(n, _fast_rounded(n), stream)
+        ptr = self.cached_pop(stream, (n + 255) & ~(<u64>255))
+        if ptr is None:
+            if n != self.memo_c:
+                nbytes = n
+                self.memo_n, self.memo_size, self.memo_c = nbytes, _fast_rounded(nbytes), n  # one step (GIL held)
+            ptr = self.locked_take(self.memo_size, stream, self.memo_n)
+        else:
+            self.live.put_u(<u64>ptr, n)
+        _key_of(ptr, &p)  # an address the engine made
+        self.where.put_obj(p, stream)
+        return ptr
 
     cdef object malloc_c(self, object nbytes, int device_id):
-        return self.malloc_sized(nbytes, _fast_rounded(nbytes), device_id)
+        return self.malloc_sized(nbytes, _fast_rounded(nbytes), self.stream_now(device_id))
 
-    cdef object malloc_sized(self, object nbytes, object size, int device_id):
-        """Allocate ``nbytes`` (``size``: its cache size, ``_fast_rounded(nbytes)``) on the current
-        stream of ``device_id``."""
+    cdef object stream_now(self, int device_id):
+        """The mrkit stream of the caller's current stream on ``device_id``."""
         cs = self.current_stream(device_id)
         ref, stream = <tuple>self.seen[0]
         if ref() is not cs:
             stream = self.remember(cs)
-        cdef u64 p
+        return stream
+
+    cdef object malloc_sized(self, object nbytes, object size, object stream):
+        """Allocate ``nbytes`` (``size``: its cache size, ``_fast_rounded(nbytes)``) on ``stream``."""
+        cdef u64 p, n
         if size is None:
             ptr = self.allocate_slow(nbytes, stream, 256)
             if ptr:
                 self.where[ptr] = stream
             return ptr
-        ptr = self.cached_pop(stream, size)
+        ptr = self.cached_pop(stream, (n + 255) & ~(<u64>255)) if _request(nbytes, &n) else None
         if ptr is not None:
-            self.live.put(ptr, nbytes)
+            self.live.put_u(<u64>ptr, n)
         else:
             ptr = self.locked_take(size, stream, nbytes)
         _key_of(ptr, &p)  # an address the engine made
@@ -1529,7 +1564,7 @@ cdef class HookPaths(_Base):
         if not self.live.take_u(p, &n):  # cannot happen while ``where`` and ``live`` agree; the lock decides
             self.locked_free(ptr, -1, stream, 256)
             return True
-        self.cache_or_free(ptr, self.live_size(n), stream)
+        self.cache_or_free(ptr, (n + 255) & ~(<u64>255), stream)
         return True
 
     def malloc(self, nbytes, device_id):
