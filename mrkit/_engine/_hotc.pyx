@@ -1258,10 +1258,12 @@ cdef class _Base:
         cdef bint indexed = st.indexed()
         (<dict>cache)[size] = lst
         hot.insert(i, size)  # not in hot (hot and the cache's keys agree)
-        if indexed:  # the index follows (else it is made again at its next use)
+        if indexed:  # the index follows
             st.hot_sizes.insert(st.hot_sizes.begin() + i, n)
             st.hot_lists.insert(i, lst)
             st.index_len += 1
+        else:  # made again now: the lock-free paths look sizes up through it (list_u)
+            st.reindex()
         return 0
 
     cdef int free_block_c(self, object ptr, object size, object stream) except -1:
