@@ -423,10 +423,57 @@ cdef class StateFields:
     cdef list hot_lists
     cdef object index_cache
     cdef Py_ssize_t index_len
+    # The same index by size for the lock-free look-ups (list_for): a flat hash table, size -> its
+    # list (borrowed: ``hot_lists`` holds each), at most half full; no slot is ever emptied (sizes
+    # only join an index; a new index is a new table).
+    cdef u64 *by_size  # 0: an empty slot (no cache size is 0)
+    cdef PyObject **lists
+    cdef Py_ssize_t slots
 
     def __init__(self, stream, FreeList free not None):
         self.stream, self.cache, self.hot, self.free, self.rehot = stream, {}, [], free, set()
         self.index_len = -1
+
+    def __dealloc__(self):
+        free(self.by_size)
+        free(self.lists)
+
+    cdef int rehash(self, Py_ssize_t want) except -1:
+        """The hash table made again from ``hot_sizes`` and ``hot_lists``, with room for ``want``
+        sizes (lock held; C only, so a lock-free reader sees the old table or the new one)."""
+        cdef Py_ssize_t n = 16, i
+        while n < 2 * want:
+            n <<= 1
+        cdef u64 *keys = <u64*>calloc(n, sizeof(u64))
+        cdef PyObject **lists = <PyObject**>calloc(n, sizeof(PyObject*))
+        if keys is NULL or lists is NULL:
+            free(keys)
+            free(lists)
+            raise MemoryError()
+        free(self.by_size)
+        free(self.lists)
+        self.by_size, self.lists, self.slots = keys, lists, n
+        for i in range(<Py_ssize_t>self.hot_sizes.size()):
+            self.hash_add(self.hot_sizes[i], PyList_GET_ITEM(self.hot_lists, i))
+        return 0
+
+    cdef inline void hash_add(self, u64 size, PyObject *lst) noexcept:
+        cdef Py_ssize_t mask = self.slots - 1
+        cdef Py_ssize_t i = <Py_ssize_t>((size * 0x9E3779B97F4A7C15ULL) >> 40) & mask
+        while self.by_size[i] != 0 and self.by_size[i] != size:
+            i = (i + 1) & mask
+        self.by_size[i], self.lists[i] = size, lst
+
+    cdef int index_add(self, Py_ssize_t i, u64 size, list lst) except -1:
+        """``size`` joins the index at position ``i`` of the sorted sizes (lock held)."""
+        self.hot_sizes.insert(self.hot_sizes.begin() + i, size)
+        self.hot_lists.insert(i, lst)
+        if 2 * <Py_ssize_t>self.hot_sizes.size() > self.slots:
+            self.rehash(self.hot_sizes.size())
+        else:
+            self.hash_add(size, <PyObject*>lst)
+        self.index_len += 1
+        return 0
 
     cdef inline bint indexed(self):
         """Whether the index is the cache's (lock held)."""
@@ -441,17 +488,25 @@ cdef class StateFields:
         for size in hot:
             self.hot_sizes.push_back(<u64>size)
             lists.append(cache[size])
-        self.hot_lists, self.index_cache, self.index_len = lists, cache, len(hot)
+        self.hot_lists = lists
+        self.rehash(len(hot) + 16)
+        self.index_cache, self.index_len = cache, len(hot)
         return 0
 
     cdef inline object list_for(self, u64 size):
         """The cache list of ``size`` through the index (only while :meth:`indexed` holds; lock-free:
-        the index changes only in C steps under the lock), or None when ``size`` has none: a binary
-        search over C values, no int made, no dict probed."""
-        cdef vector[u64].iterator it = lower_bound(self.hot_sizes.begin(), self.hot_sizes.end(), size)
-        if it == self.hot_sizes.end() or deref(it) != size:
-            return None
-        return <object>PyList_GET_ITEM(self.hot_lists, it - self.hot_sizes.begin())
+        the index changes only in C steps under the lock), or None when ``size`` has none: one probe
+        of a flat table, most often, no int made, no dict probed."""
+        cdef Py_ssize_t mask = self.slots - 1
+        cdef Py_ssize_t i = <Py_ssize_t>((size * 0x9E3779B97F4A7C15ULL) >> 40) & mask
+        cdef u64 at
+        while True:
+            at = self.by_size[i]
+            if at == size:
+                return <object>self.lists[i]
+            if at == 0:
+                return None
+            i = (i + 1) & mask
 
     cdef bint cached_c(self) except -1:
         cdef Py_ssize_t pos = 0
@@ -1259,9 +1314,7 @@ cdef class _Base:
         (<dict>cache)[size] = lst
         hot.insert(i, size)  # not in hot (hot and the cache's keys agree)
         if indexed:  # the index follows
-            st.hot_sizes.insert(st.hot_sizes.begin() + i, n)
-            st.hot_lists.insert(i, lst)
-            st.index_len += 1
+            st.index_add(i, n, lst)
         else:  # made again now: the lock-free paths look sizes up through it (list_u)
             st.reindex()
         return 0
