@@ -1,8 +1,8 @@
 """The compiled CuPy hooks timed from C, without a GPU (the simulator and a fake CuPy): the hook pair
 (malloc + free of one size) and a batch of 1 000 sizes made then freed in random order, as
 ``bench_cupy_route.py`` does through ``cupy.empty``; nanoseconds per pair, best of ``rounds``.
-Diagnostic for the development machine: ``python tools/probe_c_hooks.py [rounds] [batch]`` (``batch``:
-that row only, for a profiler)."""
+Diagnostic for the development machine: ``python tools/probe_c_hooks.py [rounds] [batch]`` (``batch`` or
+``pair``: that row only, for a profiler)."""
 import ctypes
 import os
 import random
@@ -54,10 +54,13 @@ def main(rounds=7, only=""):
     ptrs = (ctypes.c_void_p * n)()
     out = {}
     for r in range(rounds + 2):  # two rounds to warm (sizes hot)
-        for name, size in () if only == "batch" else (("pair 256 B", 512), ("pair 8 MiB", 8 << 20)):
+        for name, size in () if only == "batch" else (("pair 256 B", 512),) if only == "pair" else (
+                ("pair 256 B", 512), ("pair 8 MiB", 8 << 20)):
             t = time.perf_counter()
             lib.pairs(param, m, f, size, 20000)
             out.setdefault(name, []).append((time.perf_counter() - t) / 20000 * 1e9)
+        if only == "pair":
+            continue
         t = time.perf_counter()
         for _ in range(20):
             assert lib.batch(param, m, f, sizes, order, ptrs, n) == 0
