@@ -87,7 +87,10 @@ def make(devices: int = 1):
         def __init__(self, param, malloc_func, free_func, owner):
             self._args, self._owner = (param, malloc_func, free_func), owner
 
-        def malloc(self, size):
+        def malloc(self, size):  # CuPy's ``malloc(self, size_t size)``: Cython's conversion first
+            if not 0 <= size < 1 << 64:
+                raise OverflowError("can't convert negative value to size_t" if size < 0 else
+                                    "value too large to convert to size_t")
             p, m, f = self._args
             return MemoryPointer(CFunctionAllocatorMemory(size, p, m, f, state["device"]), 0)
 

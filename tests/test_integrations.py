@@ -205,6 +205,24 @@ def test_cupy_hooks_over_a_pool_are_the_pools_hot_path(sim, monkeypatch):
     assert pool.live_bytes == 0
 
 
+@pytest.mark.parametrize("size", [2**62 + 1, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**70])
+def test_a_size_no_device_holds_is_an_out_of_memory_error_naming_it_and_the_resource(sim, monkeypatch, size):
+    """Both builds: a request past any device (up to and past what C's size_t holds) is the pool's
+    OutOfMemoryError naming the rounded request and the resource, and changes nothing; it is never
+    an overflow, a wrapped size, or a block handed out (the compiled rounding once wrapped 2**63 - 1
+    to a negative size and returned a pointer)."""
+    _fake_cupy(monkeypatch)
+    import mrkit.cupy as mcupy
+    pool = PoolResource(mrkit.DeviceMemoryResource())
+    fn = mcupy.allocator(pool)
+    want = (size + 511) & -512
+    with pytest.raises(mrkit.OutOfMemoryError, match=f"PoolResource.*could not allocate {want} ") as got:
+        fn(size)
+    assert got.value.nbytes == want
+    assert pool.live_bytes == 0 and pool.pool_size == 0
+    assert fn(1000).mem.size == 1024 and pool.live_bytes == 1024  # and it still serves
+
+
 def _fake_numba(monkeypatch):
     """Numba's EMM interface as Numba documents it: an abstract base whose host-only subclass leaves
     memalloc, initialize, get_ipc_handle, get_memory_info and interface_version abstract."""

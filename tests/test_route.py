@@ -262,6 +262,8 @@ def test_a_bad_size_is_an_error_naming_size_in_both_builds(size, error, match):
         with pytest.raises(error, match=match):
             compiled(size)
         assert compiled(np.int64(1000)) == compiled(1000) == 1024 and compiled(0) == 0
+        for big in (2**62, 2**62 + 1, 2**63 - 512, 2**63 - 1, 2**63, 2**64 + 3):  # rounded, never wrapped
+            assert compiled(big) == rounded_size(big, 512) == (big + 511) & -512
     assert pool.live_bytes == 0 and pool.pool_size == 0
     p = route(np.int64(1000))
     assert p.mem.size == 1024 and type(pool.arena.live[p.ptr]) is int

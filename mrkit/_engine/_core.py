@@ -66,9 +66,10 @@ def drain_torch_frees() -> int:
     return _hotc.drain_torch_frees()
 
 
-def rounding_call(inner, unit: int):
-    """``call(size) -> inner(size rounded up to unit)``, compiled (``None`` in the Python build)."""
-    return None if _hotc is None else _hotc.rounding_call(inner, unit)
+def rounding_call(inner, unit: int, too_large=None):
+    """``call(size) -> inner(size rounded up to unit)``, compiled (``None`` in the Python build);
+    ``too_large(n)`` takes a rounded size C's ``size_t`` cannot hold."""
+    return None if _hotc is None else _hotc.rounding_call(inner, unit, too_large)
 
 
 @contextmanager

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from .. import _current
 from .._current import get_current_resource
 from .._resource import Buffer, MemoryResource
+from .._errors import OutOfMemoryError
 from .._stream import DEFAULT_STREAM, as_stream
 from .._engine import c_hooks, hot_paths, rounded_size, rounding_call
 from .._spec import build_resource, parse_spec
@@ -178,7 +179,18 @@ def _c_route(cupy, table: dict, bind):
         return None
     c_allocator = cfa(*hooks.addresses, hooks)
     _c_kept.append((hooks, c_allocator))  # CuPy's memory objects hold only the address of ``hooks``
-    entry = rounding_call(c_allocator.malloc, ALLOCATION_UNIT)
+    get_device_id = cupy.cuda.device.get_device_id
+
+    def too_large(n: int):
+        """A rounded size past C's ``size_t``, which CuPy's C route cannot take: the device's resource
+        refuses it with its own OutOfMemoryError, naming the request and itself (as in the Python
+        build)."""
+        dev = get_device_id()
+        m, f = (table.get(dev) or bind(dev))[:2]
+        f(m(n, dev), dev)  # pragma: no cover - no device holds 2**64 bytes: a resource that lies
+        raise OutOfMemoryError(f"{n} bytes is more than CuPy's allocator can take (C size_t)", n)
+
+    entry = rounding_call(c_allocator.malloc, ALLOCATION_UNIT, too_large)
     entry.hooks = hooks
     return entry
 
