@@ -54,6 +54,28 @@ def test_cupy_workloads_on_several_streams_match_numpy(gpu, stack):
     gc.collect()
 
 
+@pytest.mark.parametrize("size", [2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**70])
+def test_cupy_asks_for_more_than_any_device_holds(gpu, size):
+    """Real CuPy, either build: ``cupy.cuda.alloc`` of a size past any device (past C's ``size_t``
+    too) through mrkit is the pool's OutOfMemoryError naming the rounded request, and nothing is
+    allocated; the allocator then still serves."""
+    cupy = pytest.importorskip("cupy")
+    pool = PoolResource(DeviceMemoryResource(0, driver=gpu))
+    old = cupy.cuda.get_allocator()
+    cupy.cuda.set_allocator(mrkit.cupy.allocator(pool))
+    try:
+        with pytest.raises(mrkit.OutOfMemoryError, match=f"could not allocate {(size + 511) & -512} "):
+            cupy.cuda.alloc(size)
+        assert pool.live_bytes == 0
+        a = cupy.arange(1000, dtype=cupy.float32)
+        assert float(a.sum()) == 499500.0 and pool.live_bytes == 4096
+        del a
+    finally:
+        cupy.cuda.set_allocator(old)
+    assert pool.live_bytes == 0
+    pool.release()
+
+
 def test_cupy_pinned_allocator(gpu):
     cupy = pytest.importorskip("cupy")
     import cupyx
