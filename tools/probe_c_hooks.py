@@ -4,7 +4,6 @@
 Diagnostic for the development machine: ``python tools/probe_c_hooks.py [rounds] [batch]`` (``batch`` or
 ``pair``: that row only, for a profiler)."""
 import ctypes
-import os
 import random
 import subprocess
 import sys
@@ -20,6 +19,7 @@ cp.cuda.get_current_stream = {0: cp.Stream(0)}.get  # one stream object per devi
 import mrkit  # noqa: E402
 import mrkit.cupy  # noqa: E402
 from mrkit import DeviceMemoryResource, PoolResource  # noqa: E402
+from mrkit.integrations.cupy import _c_kept  # noqa: E402
 
 _C = r"""
 typedef void *(*m_t)(void *, unsigned long, int);
@@ -42,9 +42,8 @@ def main(rounds=7, only=""):
     lib = ctypes.PyDLL(f"{d}/h.so")  # the GIL stays held, as CuPy calls the hooks
     lib.pairs.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_ulong, ctypes.c_long]
     lib.batch.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long]
-    entry = mrkit.cupy.allocator(PoolResource(DeviceMemoryResource(0)))
-    from mrkit.integrations.cupy import _c_kept
-    param, m, f = _c_kept[-1][0].addresses  # the C hooks behind entry
+    mrkit.cupy.allocator(PoolResource(DeviceMemoryResource(0)))  # its C hooks stay in _c_kept
+    param, m, f = _c_kept[-1][0].addresses
     rng = random.Random(7)
     n = 1000
     sizes = (ctypes.c_ulong * n)(*[(int(2 ** rng.uniform(8, 20)) + 511) & -512 for _ in range(n)])

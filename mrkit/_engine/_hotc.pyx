@@ -1402,15 +1402,6 @@ cdef class _Base:
         return 0
 
 
-cdef inline object _rounded(object nbytes):
-    """``(nbytes + 255) & -256`` for an exact int, in C where it fits."""
-    cdef int overflow = 0
-    cdef long long v = PyLong_AsLongLongAndOverflow(nbytes, &overflow)
-    if overflow or v > (1LL << 62):
-        return (nbytes + 255) & -256
-    return (v + 255) & ~255LL
-
-
 cdef inline object _fast_rounded(object nbytes):
     """The cache's size for an exact int request it can serve (``nbytes > 0``), read once; ``None``
     for anything else (the arena's checked path decides)."""
