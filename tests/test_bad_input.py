@@ -67,6 +67,32 @@ def test_a_free_of_a_pointer_that_is_not_an_int_names_the_argument(sim, make, pt
     mr.deallocate(p, 4096, DEFAULT_STREAM)
 
 
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda: PoolResource(CudaMemoryResource()), id="pool"),
+    pytest.param(lambda: VirtualMemoryResource(0), id="vmm"),
+    pytest.param(lambda: StatisticsAdaptor(PoolResource(CudaMemoryResource())), id="statistics(pool)"),
+])
+def test_a_live_pointer_given_as_a_float_or_a_numpy_int(sim, make):
+    """The pointer of a live block given as a float equal to it is a TypeError naming ``ptr``, and the
+    block stays live (a dict look-up found the float equal to the int and freed it, in the Python
+    build); given as a NumPy integer it is freed, and the cache never hands the NumPy object out
+    again: every pointer allocated is an ``int`` (both builds)."""
+    mr = make()
+    for _ in range(4):  # the size becomes hot: its frees go to the cache
+        mr.deallocate(mr.allocate(4096, DEFAULT_STREAM), 4096, DEFAULT_STREAM)
+    p = mr.allocate(4096, DEFAULT_STREAM)
+    with pytest.raises(TypeError, match=r"^ptr must be an int, not float"):
+        mr.deallocate(float(p), 4096, DEFAULT_STREAM)
+    assert mr.live_bytes == 4096  # unchanged
+    mr.deallocate(np.uint64(p), 4096, DEFAULT_STREAM)
+    assert mr.live_bytes == 0
+    again = [mr.allocate(4096, DEFAULT_STREAM) for _ in range(3)]
+    assert p in again and all(type(q) is int for q in again)
+    for q in again:
+        mr.deallocate(q, 4096, DEFAULT_STREAM)
+    assert mr.live_bytes == 0
+
+
 def test_host_allocation_beyond_addressable_is_out_of_memory():
     mr = HostMemoryResource()
     with pytest.raises(OutOfMemoryError, match=str(2**64)):

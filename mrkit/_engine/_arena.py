@@ -11,7 +11,7 @@ import weakref
 from bisect import bisect_left, insort
 
 from .._errors import CUDAError, OutOfMemoryError
-from .._resource import check_request, size_mismatch, unknown_pointer
+from .._resource import check_pointer, check_request, size_mismatch, unknown_pointer
 from .._sizes import format_size
 from .._stream import DEFAULT_STREAM, Stream, as_stream, check_stream, device_scope
 from ..driver import Driver, get_driver
@@ -604,7 +604,8 @@ class Arena:
         ValueError and changes nothing. Atomic dict operations (taken out, then put back if the free
         is bad, as on the lock-free path), so it needs no lock: two threads freeing one block cannot
         both take it."""
-        if ptr == 0 and nbytes == 0:
+        ptr = check_pointer(ptr)  # an int from here on: a float equal to a live pointer is refused, and
+        if ptr == 0 and nbytes == 0:  # a NumPy int is never cached (and handed out again) as itself
             return None
         entry = self.aligned.pop(ptr, None)
         if entry is None:

@@ -108,11 +108,11 @@ def plain_paths(arena):
         without a lock unless the cache was detached meanwhile."""
         if _type(stream) is not _Stream:
             stream = arena.as_stream(stream)
-        if _type(nbytes) is not _int or alignment is not _default:
+        if _type(nbytes) is not _int or alignment is not _default or _type(ptr) is not _int:
             nbytes, alignment = _checked(nbytes, alignment)
-            if alignment > 256:  # an aligned block, or an alignment that does not match: the lock decides
-                arena.free_slow(ptr, nbytes, stream, alignment)
-                return
+            if alignment > 256 or _type(ptr) is not _int:  # an aligned block, an alignment that does
+                arena.free_slow(ptr, nbytes, stream, alignment)  # not match, a pointer that is not an
+                return  # int (a float equal to a live one, a NumPy int): the checked path decides
         n = live_pop(ptr, None)
         if n != nbytes:  # zero, aligned blocks, and every error: the locked path decides
             if n is not None:
@@ -203,9 +203,9 @@ def counting_paths(arena, events: list, on_full, limit: int, counted: dict):
         """Free as the arena does, and count it (pending events stay within ``limit`` + live blocks)."""
         if _type(stream) is not _Stream:
             stream = arena.as_stream(stream)
-        if _type(nbytes) is not _int or alignment is not _default:
+        if _type(nbytes) is not _int or alignment is not _default or _type(ptr) is not _int:
             nbytes, alignment = _checked(nbytes, alignment)
-            if alignment > 256:
+            if alignment > 256 or _type(ptr) is not _int:  # see plain_paths
                 return free_slow(ptr, nbytes, stream, alignment)
         n = live_pop(ptr, None)
         if n != nbytes:

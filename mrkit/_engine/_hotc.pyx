@@ -1157,8 +1157,8 @@ cdef class _Base:
         error). Taken out, then put back on a mismatch, each one C step, as the Python build's
         ``live.pop``: two threads freeing one block cannot both take it."""
         cdef u64 p, want
-        if not _key_of(ptr, &p) or not self.live.take_u(p, n):
-            return False
+        if type(ptr) is not int or not _key_of(ptr, &p) or not self.live.take_u(p, n):
+            return False  # (a pointer that is not an int, even one equal to a live block's: the checked path)
         if _as_u64(nbytes, &want) and want == n[0] and want != 0:
             return True
         self.live.put_u(p, n[0])
