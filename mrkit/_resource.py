@@ -23,9 +23,7 @@ def check_request(nbytes, alignment, max_alignment: int) -> int:
     ``alignment`` a power of two no larger than ``max_alignment``.
     """
     nbytes = check_size(nbytes, "nbytes")
-    if isinstance(alignment, bool) or not hasattr(type(alignment), "__index__"):
-        raise TypeError(f"alignment must be an int, not {type(alignment).__name__}")
-    alignment = operator.index(alignment)
+    alignment = _integer(alignment, "alignment")
     if alignment <= 0 or alignment & (alignment - 1):
         raise ValueError(f"alignment must be a power of two, got {alignment}")
     if alignment > max_alignment:
@@ -33,12 +31,18 @@ def check_request(nbytes, alignment, max_alignment: int) -> int:
     return nbytes
 
 
+def _integer(value, name: str, what: str = "an int", shown: str = "") -> int:
+    """``value`` as an int: ``TypeError`` naming the argument for anything but an integer (``4096.0``,
+    ``"4096"``, ``None``, ``True``), saying ``name must be <what>, not <type><shown>``."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{name} must be {what}, not {type(value).__name__}{shown}")
+    return operator.index(value)
+
+
 def check_size(value, name: str) -> int:
     """``value`` as an int ``>= 0``: ``TypeError`` for anything but an integer (``4096.0``, ``"4096"``,
     ``True``), ``ValueError`` below 0; both name the argument."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    value = operator.index(value)
+    value = _integer(value, name)
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
     return value
@@ -48,9 +52,7 @@ def check_pointer(ptr) -> int:
     """``ptr`` as an int, for the error a free of an unknown pointer raises: ``TypeError`` naming the
     argument for anything but an integer (``"0x1000"``, ``4096.0``, ``None``, ``True``). Called where
     the free was already refused, so the fast paths pay nothing for it."""
-    if isinstance(ptr, bool) or not hasattr(type(ptr), "__index__"):
-        raise TypeError(f"ptr must be an int, not {type(ptr).__name__}")
-    return operator.index(ptr)
+    return _integer(ptr, "ptr")
 
 
 def unknown_pointer(ptr, owner) -> ValueError:
@@ -68,9 +70,7 @@ def check_device(device, name: str = "device") -> int:
     """A device ordinal as an int: ``TypeError`` for anything but an integer (``"0"``, ``0.0``,
     ``True``), ``ValueError`` below 0; both name the argument. Whether the device exists is the
     driver's to say."""
-    if isinstance(device, bool) or not hasattr(type(device), "__index__"):
-        raise TypeError(f"{name} must be an int (a device ordinal), not {type(device).__name__} {device!r}")
-    device = operator.index(device)
+    device = _integer(device, name, "an int (a device ordinal)", f" {device!r}")
     if device < 0:
         raise ValueError(f"{name} must be a device ordinal >= 0, got {device}")
     return device

@@ -945,9 +945,6 @@ cdef class AddressTable:
         Py_DECREF(r)  # ...and the table's given up
         return r
 
-    cdef inline bint has(self, u64 k) noexcept:
-        return self.find(k) >= 0
-
     # -- the mapping --------------------------------------------------------------------------------
     @property
     def capacity(self):
@@ -1098,7 +1095,6 @@ cdef class _Base:
     cdef u64 base, page
     cdef StateFields last_state  # see state_of
     cdef object memo_n, memo_size  # the last request seen and its cache size (see size_of)
-    cdef size_t memo_c  # nonzero: memo_n is this C value's int (HookPaths.malloc_n), else unknown
     cdef object memo_cache, memo_list  # the last cache list found, for the size memo_usize (see list_u)
     cdef u64 memo_usize
 
@@ -1148,7 +1144,7 @@ cdef class _Base:
             return self.memo_size
         size = _fast_rounded(nbytes)
         if size is not None:
-            self.memo_n, self.memo_size, self.memo_c = nbytes, size, 0  # one step: no other thread runs in between
+            self.memo_n, self.memo_size = nbytes, size  # one step: no other thread runs in between
         return size
 
     cdef inline bint unlive(self, object ptr, object nbytes, u64 *n) except -1:
@@ -1402,24 +1398,9 @@ cdef class _Base:
         return 0
 
 
-cdef inline object _fast_rounded(object nbytes):
-    """The cache's size for an exact int request it can serve (``nbytes > 0``), read once; ``None``
-    for anything else (the arena's checked path decides)."""
-    cdef int overflow = 0
-    cdef long long v
-    if type(nbytes) is not int:
-        return None
-    v = PyLong_AsLongLongAndOverflow(nbytes, &overflow)
-    if overflow > 0 or v > (1LL << 62):
-        return (nbytes + 255) & -256
-    if overflow < 0 or v <= 0:
-        return None
-    return (v + 255) & ~255LL
-
-
 cdef inline bint _request(object nbytes, u64 *n) except -1:
     """Whether ``nbytes`` is a request the cache can serve (an exact int in ``[1, 2**62]``), its
-    value in ``n``: the C twin of ``_fast_rounded(nbytes)`` returning a size that fits."""
+    value in ``n``."""
     cdef int overflow = 0
     cdef long long v
     if type(nbytes) is not int:
@@ -1429,6 +1410,17 @@ cdef inline bint _request(object nbytes, u64 *n) except -1:
         return False
     n[0] = <u64>v
     return True
+
+
+cdef inline object _fast_rounded(object nbytes):
+    """The cache's size for an exact int request (``nbytes > 0``; past ``2**62`` as a Python int, which
+    the locked path refuses); ``None`` for anything else (the arena's checked path decides)."""
+    cdef u64 n
+    if _request(nbytes, &n):
+        return (n + 255) & ~(<u64>255)
+    if type(nbytes) is int and nbytes > 0:
+        return (nbytes + 255) & -256
+    return None
 
 
 cdef class PlainPaths(_Base):
@@ -1497,18 +1489,20 @@ cdef class CountingPaths(_Base):
         if type(stream) is not _Stream:
             stream = self.to_stream(stream)
         cdef u64 n
-        size = self.size_of(nbytes) if alignment is _DEFAULT else None
-        if size is None:
-            ptr = self.allocate_slow(nbytes, stream, alignment)
-            if ptr:
-                k = nbytes.__index__()
-                self.counted[ptr] = k
-                self.events.append(k)
-            return ptr
-        ptr = self.cached_pop(stream, (n + 255) & ~(<u64>255)) if _request(nbytes, &n) else None
-        if ptr is not None:
-            self.live.put_u(<u64>ptr, n)
-        else:
+        ptr = None
+        if alignment is _DEFAULT and _request(nbytes, &n):
+            ptr = self.cached_pop(stream, (n + 255) & ~(<u64>255))
+            if ptr is not None:
+                self.live.put_u(<u64>ptr, n)
+        if ptr is None:
+            size = self.size_of(nbytes) if alignment is _DEFAULT else None
+            if size is None:
+                ptr = self.allocate_slow(nbytes, stream, alignment)
+                if ptr:
+                    k = nbytes.__index__()
+                    self.counted[ptr] = k
+                    self.events.append(k)
+                return ptr
             ptr = self.locked_take(size, stream, nbytes)
         self.counted[ptr] = nbytes
         self.events.append(nbytes)
@@ -1548,18 +1542,15 @@ cdef class HookPaths(_Base):
 
     cdef object malloc_n(self, size_t n, int device_id):
         """:meth:`malloc_c` for a C size (CuPy's C route): a cache hit makes no int but the block's
-        address; a miss makes the ints for the size and its cache size, remembered for the last size
-        that missed."""
+        address."""
         cdef u64 p
         stream = self.stream_now(device_id)
         if n == 0 or n > (1ULL << 62):
-            return self.malloc_sized(n, _fast_rounded(n), stream)
+            return self.malloc_other(n, stream)
         ptr = self.cached_pop(stream, (n + 255) & ~(<u64>255))
         if ptr is None:
-            if n != self.memo_c:
-                nbytes = n
-                self.memo_n, self.memo_size, self.memo_c = nbytes, _fast_rounded(nbytes), n  # one step (GIL held)
-            ptr = self.locked_take(self.memo_size, stream, self.memo_n)
+            nbytes = n
+            ptr = self.locked_take(self.size_of(nbytes), stream, nbytes)
         else:
             self.live.put_u(<u64>ptr, n)
         _key_of(ptr, &p)  # an address the engine made
@@ -1567,7 +1558,10 @@ cdef class HookPaths(_Base):
         return ptr
 
     cdef object malloc_c(self, object nbytes, int device_id):
-        return self.malloc_sized(nbytes, _fast_rounded(nbytes), self.stream_now(device_id))
+        cdef u64 n
+        if _request(nbytes, &n):
+            return self.malloc_n(n, device_id)
+        return self.malloc_other(nbytes, self.stream_now(device_id))
 
     cdef object stream_now(self, int device_id):
         """The mrkit stream of the caller's current stream on ``device_id``."""
@@ -1577,21 +1571,13 @@ cdef class HookPaths(_Base):
             stream = self.remember(cs)
         return stream
 
-    cdef object malloc_sized(self, object nbytes, object size, object stream):
-        """Allocate ``nbytes`` (``size``: its cache size, ``_fast_rounded(nbytes)``) on ``stream``."""
-        cdef u64 p, n
-        if size is None:
-            ptr = self.allocate_slow(nbytes, stream, 256)
-            if ptr:
-                self.where[ptr] = stream
-            return ptr
-        ptr = self.cached_pop(stream, (n + 255) & ~(<u64>255)) if _request(nbytes, &n) else None
-        if ptr is not None:
-            self.live.put_u(<u64>ptr, n)
-        else:
-            ptr = self.locked_take(size, stream, nbytes)
-        _key_of(ptr, &p)  # an address the engine made
-        self.where.put_obj(p, stream)
+    cdef object malloc_other(self, object nbytes, object stream):
+        """A request the cache cannot serve, on ``stream``: zero, other integer types and bad sizes
+        (the arena's checked path), or past ``2**62`` (the locked path, which refuses it)."""
+        size = _fast_rounded(nbytes)
+        ptr = self.allocate_slow(nbytes, stream, 256) if size is None else self.locked_take(size, stream, nbytes)
+        if ptr:
+            self.where[ptr] = stream
         return ptr
 
     cdef int free_c(self, object ptr, int device_id) except -1:
