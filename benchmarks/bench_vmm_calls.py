@@ -7,7 +7,8 @@ pass, and every driver function called (count, total ms, µs per call). Shows wh
 footprint-limited VMM: each moved mapping costs an unmap, a map and its share of an access call.
 
     python benchmarks/bench_vmm_calls.py --max-size 4GiB --footprint-limit 1.1 [--max-mapping 256MiB]
-    python benchmarks/bench_vmm_calls.py --backend sim ...   (the simulator: counts, not times)
+    python benchmarks/bench_vmm_calls.py --backend sim ...   (the simulator: counts, not times, and
+        the H200 driver time those calls would take by the probe's per-call costs, :func:`model_driver`)
     python benchmarks/bench_vmm_calls.py --fresh ...         (new sizes every pass, not a replay)
     python benchmarks/bench_vmm_calls.py --runs-per-block 4 ...  (the trade: fewer, larger runs per block
         under a limit make fewer driver calls and strand more; a request the bound cannot serve is
@@ -26,6 +27,68 @@ bench_workload = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_workload)
 
 GiB = 1 << 30
+
+# What each VMM driver call costs on the H200, microseconds, fitted to tools/probe_vmm.py's medians
+# (benchmarks/HISTORY.md, "What each VMM driver step costs on the H200"; run 18 for 4 GiB): a fixed
+# part per call (per mapping for an unmap or an access call, which cost per mapping they cover,
+# whatever the range) and a part per GiB of each mapping or allocation.
+H200_COSTS = {  # call: (µs per call or per mapping covered, µs per GiB)
+    "mem_create": (10.0, 6.0),
+    "mem_map": (2.0, 0.0),
+    "mem_set_access": (25.0, 25.0),
+    "mem_unmap": (18.0, 8.5),
+    "mem_release": (10.0, 270.0),
+}
+
+
+def model_driver(drv, costs: dict = H200_COSTS) -> list:
+    """Charge every VMM call made through ``drv`` (the simulator) what it would cost on the GPU that
+    ``costs`` describes: returns a one-element list holding the modelled microseconds so far. An access
+    call or an unmap is charged per mapping it covers (the driver's cost is per mapping, not per
+    range: 32 adjacent 2 MiB mappings in one access call took 32 times one), a create and a release by
+    the allocation's size."""
+    spent, mapped, sizes = [0.0], {}, {}  # mapped: address -> bytes of each mapping; sizes: handle -> bytes
+    real = {name: getattr(drv, name) for name in costs}
+
+    def charge(name, nbytes):
+        fixed, per_gib = costs[name]
+        spent[0] += fixed + per_gib * nbytes / GiB
+
+    def covered(ptr, nbytes):
+        return [a for a in mapped if ptr <= a < ptr + nbytes]
+
+    def mem_create(location, nbytes, *a, **k):
+        h = real["mem_create"](location, nbytes, *a, **k)
+        sizes[h] = nbytes
+        charge("mem_create", nbytes)
+        return h
+
+    def mem_map(ptr, nbytes, offset, handle, *a, **k):
+        r = real["mem_map"](ptr, nbytes, offset, handle, *a, **k)
+        mapped[ptr] = nbytes
+        charge("mem_map", nbytes)
+        return r
+
+    def mem_set_access(ptr, nbytes, *a, **k):
+        r = real["mem_set_access"](ptr, nbytes, *a, **k)
+        for m in covered(ptr, nbytes):
+            charge("mem_set_access", mapped[m])
+        return r
+
+    def mem_unmap(ptr, nbytes, *a, **k):
+        r = real["mem_unmap"](ptr, nbytes, *a, **k)
+        for m in covered(ptr, nbytes):
+            charge("mem_unmap", mapped.pop(m))
+        return r
+
+    def mem_release(handle, *a, **k):
+        r = real["mem_release"](handle, *a, **k)
+        charge("mem_release", sizes.pop(handle, 0))
+        return r
+    for name, fn in (("mem_create", mem_create), ("mem_map", mem_map), ("mem_set_access", mem_set_access),
+                     ("mem_unmap", mem_unmap), ("mem_release", mem_release)):
+        setattr(drv, name, fn)
+    return spent
 
 
 def main(argv=None) -> None:
@@ -59,6 +122,7 @@ def main(argv=None) -> None:
         mr = mrkit.VirtualMemoryResource(0, opts, driver=drv)
     except mrkit.CUDAUnavailableError as exc:  # one line, not a traceback
         ap.error(f"{str(exc).split(' (')[0]}; --backend sim counts the calls without a GPU")
+    modelled = model_driver(drv) if args.backend == "sim" else None
     calls: dict = {}
     spent = bench_workload._time_driver(drv, calls)
     s = mrkit.DEFAULT_STREAM
@@ -71,6 +135,7 @@ def main(argv=None) -> None:
             steps = bench_workload.plan(args.ops, args.max_size, 16 * GiB, seed=7 + p)
         calls.clear()
         moves, maps, in_driver = mr.moves, len(mr._src._maps), spent[0]
+        model0 = modelled[0] if modelled else 0.0
         refused, missed = [0], [0]  # missed: allocations that made a map call
 
         def alloc(n):
@@ -92,7 +157,8 @@ def main(argv=None) -> None:
               f"{mr.mapped_high / GiB:.2f} GiB; "
               f"{sum(calls.get(k, (0, 0))[0] for k in ('mem_map', 'mem_unmap')) / sum(op == 'a' for op, *_ in steps):.2f} "
               f"map/unmap calls per allocation; {missed[0] / len(steps):.3f} misses per operation (allocations that "
-              f"mapped), {calls.get('mem_map', (0,))[0] / max(missed[0], 1):.1f} maps per miss; {refused[0]} refused")
+              f"mapped), {calls.get('mem_map', (0,))[0] / max(missed[0], 1):.1f} maps per miss; {refused[0]} refused"
+              + (f"; modelled H200 driver time {(modelled[0] - model0) / len(steps):.2f} us/op" if modelled else ""))
         for name, (count, sec) in sorted(calls.items(), key=lambda c: -c[1][1]):
             print(f"    {name:20s} {count:6d} calls {sec * 1e3:9.2f} ms {sec * 1e6 / count:9.1f} us/call")
     mr.close()

@@ -313,6 +313,44 @@ def _bench_workload():
     spec.loader.exec_module(bench)
     return bench
 
+def _bench_vmm_calls():
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "bench_vmm_calls.py"
+    spec = importlib.util.spec_from_file_location("bench_vmm_calls", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_driver_cost_model_charges_access_and_unmap_per_mapping_and_release_by_size():
+    """Issue 33: bench_vmm_calls.py on the simulator models the H200 driver time of the calls made (the
+    probe's costs: an access call or an unmap costs per mapping it covers, a release per GiB), so that
+    placement changes can be weighed without a GPU. Two 256 MiB mappings made, given access in one
+    call, unmapped and released: each step charged as the table says, nothing else."""
+    bench = _bench_vmm_calls()
+    drv = SimDriver([SimDeviceSpec(total_memory=1 << 30)])
+    spent = bench.model_driver(drv)
+    q = 256 * MiB
+    va = drv.mem_address_reserve(2 * q, 2 * MiB)
+    h = [drv.mem_create(0, q) for _ in range(2)]
+    c = bench.H200_COSTS
+    per = {k: fixed + per_gib / 4 for k, (fixed, per_gib) in c.items()}  # one 256 MiB mapping
+    assert spent[0] == pytest.approx(2 * per["mem_create"])
+    for i in range(2):
+        drv.mem_map(va + i * q, q, 0, h[i])
+    drv.mem_set_access(va, 2 * q, 0, "readwrite")  # one call over both mappings: charged twice
+    assert spent[0] == pytest.approx(2 * (per["mem_create"] + per["mem_map"] + per["mem_set_access"]))
+    before = spent[0]
+    for i, x in enumerate(h):
+        drv.mem_unmap(va + i * q, q)
+        drv.mem_release(x)
+    assert spent[0] - before == pytest.approx(2 * (per["mem_unmap"] + per["mem_release"]))
+    assert per["mem_release"] > 2 * per["mem_set_access"]  # a release costs by the byte: 77.5 us at 256 MiB
+    drv.mem_address_free(va, 2 * q)
+    assert drv.mapped_bytes() == 0
+
+
 def _counting(drv, *names):
     calls = {n: 0 for n in names}
     for n in names:
