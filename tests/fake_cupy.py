@@ -68,7 +68,6 @@ def make(devices: int = 1):
                 raise AssertionError("mrkit must pass the device: a lookup would cost a driver call")
             self.ptr, self.size, self._owner, self.device_id = ptr, size, owner, device_id
 
-    malloc_t = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     free_t = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
 
     class CFunctionAllocatorMemory:
@@ -76,8 +75,10 @@ def make(devices: int = 1):
 
         def __init__(self, size, param, malloc_func, free_func, device_id):
             self._param, self._free, self.device_id, self.size, self.ptr = param, free_func, device_id, size, 0
-            if size > 0:  # PYFUNCTYPE raises a Python error left set by the C function (CuPy: except *)
-                self.ptr = malloc_t(malloc_func)(param, size, device_id) or 0
+            if size > 0:  # CuPy 14's _call_malloc: an error the C function leaves set is raised only when
+                # it returns -1 (Cython's ``except? -1``); with any other value, SystemError
+                from mrkit._engine._hotc import cupy_call_malloc
+                self.ptr = cupy_call_malloc(param, malloc_func, size, device_id)
 
         def __del__(self):
             if self.ptr:

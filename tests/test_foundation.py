@@ -278,6 +278,31 @@ def test_cuda_backend_picks_the_location_form_of_advise_and_prefetch(major):
         drv.mem_prefetch_async(0x1000, 4096, "gpu", 7)
 
 
+@pytest.mark.parametrize("size", [2**64, 2**64 + 512, 2**70])
+def test_a_request_past_size_t_is_the_drivers_out_of_memory_error_not_an_overflow(size):
+    """The H100 (real CuPy asking mrkit's pool for 2**64 bytes and more): cuda-bindings cannot convert
+    a size past C's ``size_t`` and raised OverflowError out of the pool, where the simulator (and the
+    driver, for 2**63) answer out of memory. Every allocating call of the CUDA backend now refuses such
+    a size as the driver's OutOfMemoryError, naming the call and the request, before any driver call
+    (none is touched here: the bindings module is set without loading the driver)."""
+    from cuda.bindings import driver as real
+    drv = CudaDriver()
+    drv._drv = real
+    drv._in = drv._enter = drv._enter_any = None  # a context or a driver call would fail here
+    calls = {"cuMemAlloc": lambda: drv.mem_alloc(0, size),
+             "cuMemHostAlloc": lambda: drv.mem_host_alloc(size),
+             "cuMemAllocManaged": lambda: drv.mem_alloc_managed(0, size),
+             "cuMemAllocFromPoolAsync": lambda: drv.mem_alloc_from_pool_async(size, 0, 0),
+             "cuMemCreate": lambda: drv.mem_create(0, size),
+             "cuMemAddressReserve": lambda: drv.mem_address_reserve(size, 0)}
+    for call, fn in calls.items():
+        with pytest.raises(mrkit.OutOfMemoryError, match=f"{call}: .* out of memory for a request of {size} bytes") as got:
+            fn()
+        assert got.value.nbytes == size
+    with pytest.raises(OverflowError):  # what the bindings do with it, which no caller should meet
+        real.cuMemAllocFromPoolAsync(size, 0, 0)
+
+
 def test_pool_size_attributes_are_passed_as_cuuint64():
     drv = CudaDriver()
     from cuda.bindings import driver as real

@@ -205,6 +205,40 @@ def test_cupy_hooks_over_a_pool_are_the_pools_hot_path(sim, monkeypatch):
     assert pool.live_bytes == 0
 
 
+def test_an_error_of_the_c_hooks_reaches_the_caller_of_real_cupy_typed():
+    """Real CuPy 14 (no GPU needed: its ``CFunctionAllocatorMemory`` calls the C ``malloc`` it is
+    given): an error raised behind mrkit's C hooks reaches CuPy's caller as itself. CuPy calls the
+    function through an ``intptr_t`` helper compiled under Cython's ``except? -1``, which looks for an
+    exception only when -1 comes back; the hooks returned NULL with the exception set, and CuPy failed
+    with SystemError instead (on the H100, every OutOfMemoryError through ``cupy.empty``). A block
+    handed out still goes back through the free hook when CuPy drops its memory."""
+    cupy = pytest.importorskip("cupy", reason="real CuPy's memory classes (the fake models them elsewhere)")
+    hotc = pytest.importorskip("mrkit._engine._hotc", reason="the C hooks are the compiled build's")
+    freed = []
+
+    def malloc(n, dev):
+        if n > 1 << 40:
+            raise mrkit.OutOfMemoryError(f"could not allocate {n} bytes", n)
+        return 0x7F0000
+
+    table = {0: (malloc, lambda p, dev: freed.append((p, dev)), lambda p: p == 0x7F0000, None)}
+    hooks = hotc.CHooks(table, table.__getitem__, [], [False], [0, 0])
+    param, m, f = hooks.addresses
+    Memory = cupy.cuda.memory.CFunctionAllocatorMemory
+    mem = Memory(1024, param, m, f, 0)
+    assert mem.ptr == 0x7F0000
+    del mem
+    assert freed == [(0x7F0000, 0)]
+    for size in (1 << 41, 2**63 - 1, 2**63, 2**64 - 1):
+        with pytest.raises(mrkit.OutOfMemoryError, match=f"could not allocate {size} bytes"):
+            Memory(size, param, m, f, 0)
+    assert freed == [(0x7F0000, 0)]  # nothing handed out, nothing freed
+    # the fake CuPy's call is CuPy's: an error is seen only with -1 returned
+    assert hotc.cupy_call_malloc(param, m, 1024, 0) == 0x7F0000
+    with pytest.raises(mrkit.OutOfMemoryError):
+        hotc.cupy_call_malloc(param, m, 1 << 41, 0)
+
+
 @pytest.mark.parametrize("size", [2**62 + 1, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**70])
 def test_a_size_no_device_holds_is_an_out_of_memory_error_naming_it_and_the_resource(sim, monkeypatch, size):
     """Both builds: a request past any device (up to and past what C's size_t holds) is the pool's

@@ -87,6 +87,18 @@ def _names(drv, err):
         return str(err), ""
 
 
+_SIZE_T_MAX = (1 << 64) - 1
+
+
+def _within_size_t(nbytes: int, call: str) -> None:
+    """A request past C's ``size_t`` cannot reach the driver (cuda-bindings refuses to convert it,
+    with an OverflowError): it is the driver's out-of-memory answer, naming the call and the request,
+    as the simulator gives it."""
+    if nbytes > _SIZE_T_MAX:
+        raise OutOfMemoryError(f"{call}: the CUDA driver is out of memory for a request of {nbytes} bytes "
+                               "(more than C's size_t holds)", nbytes, call)
+
+
 class CudaDriver(Driver):
     """:class:`~mrkit.driver.Driver` over ``cuda.bindings.driver``. Construction is free; the
     driver library is loaded on first use."""
@@ -346,12 +358,14 @@ class CudaDriver(Driver):
 
     # -- plain allocation --------------------------------------------------------------------
     def mem_alloc(self, dev: int, nbytes: int) -> int:
+        _within_size_t(nbytes, "cuMemAlloc")
         return int(self._in(dev, self.d.cuMemAlloc, (nbytes,), "cuMemAlloc", nbytes))
 
     def mem_free(self, ptr: int) -> None:
         self._check(self.d.cuMemFree(ptr), "cuMemFree")
 
     def mem_host_alloc(self, nbytes, portable=True, devicemap=True, writecombined=False) -> int:
+        _within_size_t(nbytes, "cuMemHostAlloc")
         flags = (1 if portable else 0) | (2 if devicemap else 0) | (4 if writecombined else 0)
         prev = self._enter_any()  # pinned memory needs a context, any context (portable)
         try:
@@ -363,6 +377,7 @@ class CudaDriver(Driver):
         self._check(self.d.cuMemFreeHost(ptr), "cuMemFreeHost")
 
     def mem_alloc_managed(self, dev: int, nbytes: int, attach: str = "global") -> int:
+        _within_size_t(nbytes, "cuMemAllocManaged")
         flags = {"global": 1, "host": 2}.get(attach)
         if flags is None:
             raise ValueError(f"unsupported attach: {attach!r} (expected 'global' or 'host')")
@@ -494,6 +509,7 @@ class CudaDriver(Driver):
         return {0: "none", 1: "read", 3: "readwrite"}.get(flags, str(flags))
 
     def mem_alloc_from_pool_async(self, nbytes: int, pool: int, stream: int) -> int:
+        _within_size_t(nbytes, "cuMemAllocFromPoolAsync")
         res = self.d.cuMemAllocFromPoolAsync(nbytes, pool, stream)
         if res[0] == 0:
             return int(res[1])
@@ -555,12 +571,14 @@ class CudaDriver(Driver):
                                "cuMemGetAllocationGranularity"))
 
     def mem_create(self, dev: int, nbytes: int, handle_type: str = "none") -> int:
+        _within_size_t(nbytes, "cuMemCreate")
         return int(self._in(dev, self.d.cuMemCreate, (nbytes, self._alloc_prop(dev, handle_type), 0), "cuMemCreate", nbytes))
 
     def mem_release(self, handle: int) -> None:
         self._check(self.d.cuMemRelease(handle), "cuMemRelease")
 
     def mem_address_reserve(self, nbytes: int, alignment: int = 0) -> int:
+        _within_size_t(nbytes, "cuMemAddressReserve")
         prev = self._enter_any()
         try:
             return int(self._check(self.d.cuMemAddressReserve(nbytes, alignment, 0, 0), "cuMemAddressReserve", nbytes))
