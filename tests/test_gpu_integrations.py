@@ -54,11 +54,12 @@ def test_cupy_workloads_on_several_streams_match_numpy(gpu, stack):
     gc.collect()
 
 
-@pytest.mark.parametrize("size", [2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**70])
+@pytest.mark.parametrize("size", [2**40, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**70])
 def test_cupy_asks_for_more_than_any_device_holds(gpu, size):
-    """Real CuPy, either build: ``cupy.cuda.alloc`` of a size past any device (past C's ``size_t``
-    too) through mrkit is the pool's OutOfMemoryError naming the rounded request, and nothing is
-    allocated; the allocator then still serves."""
+    """Real CuPy, either build: ``cupy.cuda.alloc`` of a size past any device (1 TiB, and past C's
+    ``size_t`` too) through mrkit is the pool's OutOfMemoryError naming the rounded request (the
+    compiled build's C route gave CuPy's SystemError for every one), and nothing is allocated; the
+    allocator then still serves."""
     cupy = pytest.importorskip("cupy")
     pool = PoolResource(DeviceMemoryResource(0, driver=gpu))
     old = cupy.cuda.get_allocator()
