@@ -38,11 +38,12 @@ with mrkit.Stream.create(driver=drv) as s:
 mr.close()
 
 # a loop that allocates and frees a few sizes in turn (nothing live between calls) settles on the
-# lock-free cache: after two rounds no call takes the locked path, and nothing new is mapped
+# lock-free cache: after three rounds (a size is cached once it keeps coming back) no call takes the
+# locked path, and nothing new is mapped
 mr = mrkit.VirtualMemoryResource(0, mrkit.VirtualMemoryResourceOptions(reserve_size="8 GiB"), driver=drv)
 s = mrkit.DEFAULT_STREAM
 sizes = (256, 64 << 10, 3 * MiB)
-for i in range(6):
+for i in range(9):
     mr.deallocate(mr.allocate(sizes[i % 3], s), sizes[i % 3], s)
 misses, mapped = mr.arena.misses, mr.mapped_bytes
 for i in range(300):

@@ -140,7 +140,8 @@ def test_the_compiled_miss_path_places_every_block_where_the_python_one_does(mak
 @pytest.mark.parametrize("make, full", [(lambda: PoolResource(DeviceMemoryResource(), initial_size=8 << 30), True),
                                         (lambda: mrkit.VirtualMemoryResource(0), False)], ids=["pool", "vmm"])
 def test_both_builds_place_alike_when_more_sizes_turn_hot_than_a_stream_caches(make, full):
-    """1 200 sizes that recur, on one stream with room to spare (no miss finds the free list short):
+    """1 200 sizes that recur (30 000 operations: a size turns hot on its third miss in a row within
+    ``HOT_DISTANCE``), on one stream with room to spare (no miss finds the free list short):
     in the pool more sizes turn hot than ``MAX_HOT``, so registering one starts the cache afresh (the
     compiled ``register``), and a miss looks at many cached sizes (the compiled index of the cache); the
     VMM (hot within 64 misses, its cache coalesced by its placement) flushes on its own. The same
@@ -157,9 +158,9 @@ def test_both_builds_place_alike_when_more_sizes_turn_hot_than_a_stream_caches(m
         return real_flush(st, *args, **kw)
     _arena._StateMethods.flush = counted
     try:
-        got, mr = _random_trace(make, 3, ops=20000, sizes=sizes, nstreams=1)
+        got, mr = _random_trace(make, 3, ops=30000, sizes=sizes, nstreams=1)
         with python_core():
-            want, _ = _random_trace(make, 3, ops=20000, sizes=sizes, nstreams=1)
+            want, _ = _random_trace(make, 3, ops=30000, sizes=sizes, nstreams=1)
     finally:
         _arena._StateMethods.flush = real_flush
     assert got == want

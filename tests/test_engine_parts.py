@@ -152,13 +152,13 @@ def test_a_compiled_arena_holds_its_lock_through_a_resource_call():
 
 @compiled
 @settings(max_examples=150, deadline=None)
-@given(st.integers(1, 16), st.integers(2, 12),
+@given(st.integers(1, 16), st.integers(2, 12), st.integers(1, 3),
        st.lists(st.integers(0, 40), min_size=1, max_size=300))
-def test_the_compiled_miss_table_answers_as_the_python_one(distance, capacity, sizes):
+def test_the_compiled_miss_table_answers_as_the_python_one(distance, capacity, repeats, sizes):
     """The compiled table is a hash table with open addressing: among 41 sizes in a table of 16 or
     32 slots, sizes share home slots, so entries that probed past others, and a table emptied while
-    one of them misses again, are exercised."""
-    py, cc = _hot.Misses(distance, capacity), _hotc.Misses(distance, capacity)
+    one of them misses again, are exercised; with 1 to 3 repeats needed before a size is hot."""
+    py, cc = _hot.Misses(distance, capacity, repeats), _hotc.Misses(distance, capacity, repeats)
     for s in sizes:
         assert cc.note(s << 8) == py.note(s << 8), s
         assert cc.count == py.count and cc.last == py.last
@@ -193,6 +193,23 @@ def test_a_size_is_hot_when_it_misses_again_within_the_distance(make):
     m.note(256), m.note(512)
     assert not m.note(768) and len(m.last) == 1  # full: starts afresh
     assert not m.note(256)          # forgotten
+
+
+@pytest.mark.parametrize("make", [pytest.param(_hot.Misses, id="python"),
+                                  pytest.param(getattr(_hotc, "Misses", None), id="compiled", marks=compiled)])
+def test_with_two_repeats_a_size_is_hot_on_its_third_miss_in_a_row(make):
+    """The arena's rule (``HOT_REPEATS``): a size that came back once within the distance by chance
+    is not hot; one that keeps coming back is, and a miss too far apart starts its count again."""
+    m = make(3, 100, 2)
+    assert not m.note(256) and not m.note(256)  # the first miss, then one repeat
+    assert m.note(256)              # the second repeat in a row
+    assert m.note(256)              # and it stays hot while it keeps coming back
+    for s in (512, 768, 1024):
+        m.note(s)
+    assert not m.note(256)          # too far: the count starts again
+    assert not m.note(256) and m.note(256)
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        make(3, 100, 0)
 
 
 @compiled

@@ -42,25 +42,34 @@ Boundaries = set  # chunk bases, blocks never coalesce across one (the compiled 
 
 class Misses:
     """The sizes that missed the cache lately (touched only under the arena's lock): :meth:`note`
-    counts a miss and says whether the same size missed within ``distance`` misses before, which
-    makes it worth a cache list. At most ``capacity`` sizes are remembered; past that it starts afresh."""
+    counts a miss and says whether the same size has now missed again within ``distance`` misses of
+    its last miss ``repeats`` times in a row, which makes it worth a cache list. At most ``capacity``
+    sizes are remembered; past that it starts afresh."""
 
-    __slots__ = ("last", "count", "distance", "capacity")
+    __slots__ = ("last", "runs", "count", "distance", "capacity", "repeats")
 
-    def __init__(self, distance: int, capacity: int) -> None:
+    def __init__(self, distance: int, capacity: int, repeats: int = 1) -> None:
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
         self.last: dict[int, int] = {}  # size -> the count at its last miss
+        self.runs: dict[int, int] = {}  # size -> how many times in a row it missed again in time
         self.count = 0
-        self.distance, self.capacity = distance, capacity
+        self.distance, self.capacity, self.repeats = distance, capacity, repeats
 
     def note(self, size: int) -> bool:
-        last = self.last
+        last, runs = self.last, self.runs
         n = self.count = self.count + 1
         prev = last.get(size)
         again = prev is not None and n - prev <= self.distance
         if not again and len(last) >= self.capacity:
             last.clear()
+            runs.clear()
         last[size] = n
-        return again
+        if not again:
+            runs.pop(size, None)
+            return False
+        r = runs[size] = runs.get(size, 0) + 1
+        return r >= self.repeats
 
 
 def checked_free_args(nbytes, alignment):

@@ -679,26 +679,31 @@ cdef class Misses:
     arena's lock)."""
     cdef u64 *keys
     cdef Py_ssize_t *counts
+    cdef Py_ssize_t *runs  # how many times in a row the size missed again within the distance
     cdef unsigned int *gens  # a slot holds an entry when its generation is the table's
     cdef unsigned int gen
     cdef Py_ssize_t mask, used
-    cdef readonly Py_ssize_t count, distance, capacity
+    cdef readonly Py_ssize_t count, distance, capacity, repeats
 
-    def __cinit__(self, Py_ssize_t distance, Py_ssize_t capacity):
+    def __cinit__(self, Py_ssize_t distance, Py_ssize_t capacity, Py_ssize_t repeats=1):
         cdef Py_ssize_t n = 16
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
         while n < 2 * capacity:
             n <<= 1
         self.keys = <u64*>calloc(n, sizeof(u64))
         self.counts = <Py_ssize_t*>calloc(n, sizeof(Py_ssize_t))
+        self.runs = <Py_ssize_t*>calloc(n, sizeof(Py_ssize_t))
         self.gens = <unsigned int*>calloc(n, sizeof(unsigned int))
-        if self.keys is NULL or self.counts is NULL or self.gens is NULL:
+        if self.keys is NULL or self.counts is NULL or self.runs is NULL or self.gens is NULL:
             raise MemoryError()
         self.mask, self.gen = n - 1, 1
-        self.distance, self.capacity = distance, capacity
+        self.distance, self.capacity, self.repeats = distance, capacity, repeats
 
     def __dealloc__(self):
         free(self.keys)
         free(self.counts)
+        free(self.runs)
         free(self.gens)
 
     cdef inline Py_ssize_t slot(self, u64 size):
@@ -715,7 +720,8 @@ cdef class Misses:
         cdef bint again = found and self.count - self.counts[i] <= self.distance
         if again or (found and self.used < self.capacity):
             self.counts[i] = self.count
-            return again
+            self.runs[i] = self.runs[i] + 1 if again else 0
+            return again and self.runs[i] >= self.repeats
         if self.used >= self.capacity:  # full: start afresh
             self.gen += 1
             if self.gen == 0:  # the generations wrapped: every slot empty for real
@@ -723,12 +729,13 @@ cdef class Misses:
                 self.gen = 1
             self.used = 0
             i = self.slot(size)
-        self.keys[i], self.counts[i], self.gens[i] = size, self.count, self.gen
+        self.keys[i], self.counts[i], self.runs[i], self.gens[i] = size, self.count, 0, self.gen
         self.used += 1
         return False
 
     def note(self, size):
-        """Count a miss of ``size``; whether it missed within ``distance`` misses before."""
+        """Count a miss of ``size``; whether it missed again within ``distance`` misses of its last
+        miss for the ``repeats``-th time in a row."""
         return self.note_c(size)
 
     @property
@@ -1289,7 +1296,7 @@ cdef class _Base:
 
     cdef int missed_again(self, object size, object stream, StateFields st) except -1:
         """The end of ``Arena.take`` (lock held): the miss counted, and the size made hot for the stream
-        when it missed again within the source's ``hot_distance``. ``st``: the stream's state as the
+        when it missed again within the source's ``hot_distance``, ``hot_repeats`` times in a row. ``st``: the stream's state as the
         take found it; still attached (a state leaves the table only retired, its cache None), it is
         registered in C, else the table's state through Python."""
         if self.missed.note_c(<u64>size):
