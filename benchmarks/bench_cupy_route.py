@@ -110,10 +110,10 @@ def main(argv=None) -> dict:
     rows = {name: float("inf") for name in allocators}
     batch_rows = dict(rows)
     arena = mine.resource_for(0).arena
-    for name, fn in allocators.items():  # warm up: every size hot in mrkit's pool
+    for name, fn in allocators.items():  # warm up: every size hot in mrkit's pool (from the fourth pass)
         cupy.cuda.set_allocator(fn)
         pairs(1000)
-        batches(3000)
+        batches(5000)
     before = arena.misses
     for _ in range(args.rounds):  # rounds interleaved, best of each: the host's speed drifts
         for name, fn in allocators.items():
