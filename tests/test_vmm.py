@@ -304,23 +304,18 @@ def test_location_and_handle_type_options():
     assert not d._vmm and not [r for r in d._regions.values() if r.kind == "reservation"]
 
 
-def _bench_workload():
+def _benchmark(name: str = "bench_workload"):
+    """``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package)."""
     import importlib.util
     import pathlib
-    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "bench_workload.py"
-    spec = importlib.util.spec_from_file_location("bench_workload", path)
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench
 
-def _bench_vmm_calls():
-    import importlib.util
-    import pathlib
-    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "bench_vmm_calls.py"
-    spec = importlib.util.spec_from_file_location("bench_vmm_calls", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+
+_bench_workload = _benchmark
 
 
 def test_the_driver_cost_model_charges_access_and_unmap_per_mapping_and_release_by_size():
@@ -328,7 +323,7 @@ def test_the_driver_cost_model_charges_access_and_unmap_per_mapping_and_release_
     probe's costs: an access call or an unmap costs per mapping it covers, a release per GiB), so that
     placement changes can be weighed without a GPU. Two 256 MiB mappings made, given access in one
     call, unmapped and released: each step charged as the table says, nothing else."""
-    bench = _bench_vmm_calls()
+    bench = _benchmark("bench_vmm_calls")
     drv = SimDriver([SimDeviceSpec(total_memory=1 << 30)])
     spent = bench.model_driver(drv)
     q = 256 * MiB
