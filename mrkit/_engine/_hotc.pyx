@@ -1296,9 +1296,9 @@ cdef class _Base:
 
     cdef int missed_again(self, object size, object stream, StateFields st) except -1:
         """The end of ``Arena.take`` (lock held): the miss counted, and the size made hot for the stream
-        when it missed again within the source's ``hot_distance``, ``hot_repeats`` times in a row. ``st``: the stream's state as the
-        take found it; still attached (a state leaves the table only retired, its cache None), it is
-        registered in C, else the table's state through Python."""
+        when it missed again within the source's ``hot_distance``, ``hot_repeats`` times in a row.
+        ``st``: the stream's state as the take found it; still attached (a state leaves the table only
+        retired, its cache None), it is registered in C, else the table's state through Python."""
         if self.missed.note_c(<u64>size):
             if st is not None and st.cache is not None:  # still the table's state (rule 4)
                 self.register(st, size)
