@@ -458,7 +458,7 @@ def test_a_size_is_cached_only_once_it_repeats():
     """Issue 22: on random sizes the exact-size cache only held blocks nobody asked for again (and
     cost a coalescing pass later). A size gets a cache list when it misses a second and a third time,
     each within ``HOT_DISTANCE`` misses of the one before (``HOT_REPEATS``: on random sizes a size
-    comes back once within the distance by chance, and caching those made RMM's random workload 18-23 %
+    comes back once within the distance by chance, and caching those made RMM's random workload 10-13 %
     slower); until then its blocks coalesce into the free list as they are freed."""
     from mrkit._engine._arena import HOT_DISTANCE, HOT_REPEATS
     assert HOT_REPEATS == 2

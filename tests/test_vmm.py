@@ -315,9 +315,6 @@ def _benchmark(name: str = "bench_workload"):
     return bench
 
 
-_bench_workload = _benchmark
-
-
 def test_the_driver_cost_model_charges_access_and_unmap_per_mapping_and_release_by_size():
     """Issue 33: bench_vmm_calls.py on the simulator models the H200 driver time of the calls made (the
     probe's costs: an access call or an unmap costs per mapping it covers, a release per GiB), so that
@@ -645,7 +642,7 @@ def test_footprint_limit_near_a_full_device_finishes_new_random_passes():
     released only whole: runs beside live blocks stranded 7 GiB of free pages and the third pass ran
     out of memory, where 64 MiB runs finish. After the first out-of-memory the VMM maps in runs of at
     most 64 MiB. Every byte goes back at the end."""
-    bench = _bench_workload()
+    bench = _benchmark()
     total = 140 << 30
     drv = SimDriver([SimDeviceSpec(total_memory=total)], policy="eager")
     mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size=4 * total, footprint_limit=1.1), driver=drv)
@@ -665,7 +662,7 @@ def test_footprint_limit_moves_stay_steady_pass_after_pass():
     (unmap, map, access: about 45 us on the H200) whatever its size. A spare under half of what is left
     to map is released instead, and a whole run created: the mappings, the moves and the driver calls per
     pass stay level. Every byte goes back at the end."""
-    bench = _bench_workload()
+    bench = _benchmark()
     drv = SimDriver([SimDeviceSpec(total_memory=141 << 30)], policy="eager")
     mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size=512 << 30, footprint_limit=1.1),
                                driver=drv)
@@ -697,7 +694,7 @@ def test_near_a_full_device_out_of_memory_moves_free_pages_instead_of_trimming_t
     them again: 2 000 cuMemCreate and as many cuMemRelease per thousand operations. Now the block's
     missing pages are moved from free mappings (a trim only when that is not enough): a few hundred
     driver calls per pass. Every byte goes back at the end."""
-    bench = _bench_workload()
+    bench = _benchmark()
     total = 140 << 30
     drv = SimDriver([SimDeviceSpec(total_memory=total)], policy="eager")
     mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size=4 * total), driver=drv)
@@ -720,7 +717,7 @@ def test_footprint_limit_finishes_at_95_percent_of_any_device(gib):
     and ran out of memory on 100, 130 and 141 GiB ones: its 256 MiB runs, partly reused beside live
     blocks, stranded gigabytes of free pages. Past three quarters of the device runs are at most
     64 MiB, and out of memory the free runs larger than that are released to be mapped again small."""
-    bench = _bench_workload()
+    bench = _benchmark()
     total = gib << 30
     drv = SimDriver([SimDeviceSpec(total_memory=total)], policy="eager")
     mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size=4 * total, footprint_limit=1.1),
@@ -740,7 +737,7 @@ def test_footprint_limit_holds_as_the_driver_counts_it(max_size):
     spares passed over as too small were released only after the runs that replaced them had been
     created, and the device held more than the limit. They are now released first. The footprint is
     what the driver reports in use, sampled after every allocation, over the peak live bytes."""
-    bench = _bench_workload()
+    bench = _benchmark()
     total = 141 << 30
     drv = SimDriver([SimDeviceSpec(total_memory=total)], policy="eager")
     mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size=512 << 30, footprint_limit=1.1),

@@ -25,15 +25,8 @@ a footprint limit), the miss count that makes a size hot, and its ``free_block``
 Python code.
 """
 from cpython.dict cimport PyDict_GetItem, PyDict_Next
-from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF, Py_XDECREF, Py_XINCREF
+from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF, Py_XDECREF
 cimport cython
-cdef extern from "Python.h":
-    void PyErr_Restore(PyObject *, PyObject *, PyObject *)
-cdef extern from *:
-    """
-    static int mrkit_raise_if_set(void) { return PyErr_Occurred() ? -1 : 0; }
-    """
-    int _raise_if_set "mrkit_raise_if_set"() except -1
 from cython.operator cimport dereference as deref, preincrement as inc
 from libcpp.map cimport map as cmap
 from libcpp.set cimport set as cset
@@ -1688,48 +1681,32 @@ cdef inline bint _holds(object e, object ptr) except -1:
     return bool((<tuple>e)[2](ptr))
 
 
-cdef void *_c_malloc(void *param, size_t nbytes, int device_id) noexcept:
+cdef void *_c_malloc(void *param, size_t nbytes, int device_id) except? <void*>-1:
     # Called with the GIL held (CuPy allocates from Python code). An error comes back as (void *)-1
     # with the exception set: CuPy 14 calls this through an ``intptr_t`` function compiled under
     # Cython's default ``except? -1``, which looks for an exception only when -1 comes back (NULL with
     # an exception set became CuPy's SystemError, and every OutOfMemoryError was lost in it).
-    try:
-        return <void*><intptr_t>_c_malloc_ptr(<CHooks>param, nbytes, device_id)
-    except BaseException as exc:
-        err = exc
-    _restore(err)
-    return <void*><intptr_t>-1
-
-
-cdef inline object _c_malloc_ptr(CHooks self, size_t nbytes, int device_id):
+    self = <CHooks>param
     e = self.entry(device_id)
     core = (<tuple>e)[3]
     if core is not None:
-        return (<HookPaths>core).malloc_n(nbytes, device_id)
-    return (<tuple>e)[0](nbytes, device_id)
+        ptr = (<HookPaths>core).malloc_n(nbytes, device_id)
+    else:
+        ptr = (<tuple>e)[0](nbytes, device_id)
+    return <void*><intptr_t>ptr
 
 
-cdef inline void _restore(object exc) noexcept:
-    """Set ``exc`` (with its traceback) as the current exception, as a C function that failed leaves it."""
-    t, tb = type(exc), exc.__traceback__
-    cdef PyObject *tbp = NULL
-    if tb is not None:
-        tbp = <PyObject*>tb
-    Py_INCREF(t)
-    Py_INCREF(exc)
-    Py_XINCREF(tbp)
-    PyErr_Restore(<PyObject*>t, <PyObject*>exc, tbp)  # steals the three references
+cdef intptr_t _call_as_cupy(intptr_t param, intptr_t malloc_func, size_t size, int device_id) except? -1:
+    return <intptr_t>(<void *(*)(void *, size_t, int) noexcept>malloc_func)(<void *>param, size, device_id)
 
 
 def cupy_call_malloc(intptr_t param, intptr_t malloc_func, size_t size, int device_id):
     """What CuPy 14's ``CFunctionAllocatorMemory`` does with a C ``malloc`` (its ``_call_malloc``: an
-    ``intptr_t`` function under Cython's default ``except? -1``): the pointer; an exception the
-    function leaves set is raised when it returns -1, and with any other value stays set (so the
-    interpreter fails the call with SystemError, as with CuPy). For the tests' fake CuPy."""
-    cdef intptr_t r = <intptr_t>(<void *(*)(void *, size_t, int) noexcept>malloc_func)(<void *>param, size, device_id)
-    if r == -1:
-        _raise_if_set()
-    return r
+    ``intptr_t`` function under Cython's default ``except? -1``, as ``_call_as_cupy`` here): the
+    pointer; an exception the function leaves set is raised when it returns -1, and with any other
+    value stays set (so the interpreter fails the call with SystemError, as with CuPy). For the tests'
+    fake CuPy."""
+    return _call_as_cupy(param, malloc_func, size, device_id)
 
 
 cdef void _c_free(void *param, void *ptr, int device_id) noexcept:
