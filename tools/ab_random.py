@@ -54,6 +54,8 @@ def main(argv=None) -> None:
     ap.add_argument("--ops", type=int, default=10000)
     ap.add_argument("--passes", type=int, default=8)
     args = ap.parse_args(argv)
+    if not (args.old / "mrkit" / "__init__.py").is_file():
+        ap.error(f"{args.old} is not a tree of mrkit (no mrkit/__init__.py there)")
     trees = {"old": args.old.resolve(), "new": HERE}
     for k in range(args.runs):
         for name, tree in trees.items():
