@@ -152,13 +152,15 @@ def test_a_compiled_arena_holds_its_lock_through_a_resource_call():
 
 @compiled
 @settings(max_examples=150, deadline=None)
-@given(st.integers(1, 16), st.integers(2, 12), st.integers(1, 3),
+@given(st.integers(1, 16), st.integers(2, 12), st.integers(1, 3), st.integers(0, 41), st.integers(0, 16),
        st.lists(st.integers(0, 40), min_size=1, max_size=300))
-def test_the_compiled_miss_table_answers_as_the_python_one(distance, capacity, repeats, sizes):
+def test_the_compiled_miss_table_answers_as_the_python_one(distance, capacity, repeats, small, small_distance, sizes):
     """The compiled table is a hash table with open addressing: among 41 sizes in a table of 16 or
     32 slots, sizes share home slots, so entries that probed past others, and a table emptied while
-    one of them misses again, are exercised; with 1 to 3 repeats needed before a size is hot."""
-    py, cc = _hot.Misses(distance, capacity, repeats), _hotc.Misses(distance, capacity, repeats)
+    one of them misses again, are exercised; with 1 to 3 repeats needed before a size is hot, and the
+    sizes up to ``small`` judged by their own distance."""
+    py = _hot.Misses(distance, capacity, repeats, small << 8, small_distance)
+    cc = _hotc.Misses(distance, capacity, repeats, small << 8, small_distance)
     for s in sizes:
         assert cc.note(s << 8) == py.note(s << 8), s
         assert cc.count == py.count and cc.last == py.last
@@ -193,6 +195,21 @@ def test_a_size_is_hot_when_it_misses_again_within_the_distance(make):
     m.note(256), m.note(512)
     assert not m.note(768) and len(m.last) == 1  # full: starts afresh
     assert not m.note(256)          # forgotten
+
+
+@pytest.mark.parametrize("make", [pytest.param(_hot.Misses, id="python"),
+                                  pytest.param(getattr(_hotc, "Misses", None), id="compiled", marks=compiled)])
+def test_sizes_up_to_small_are_judged_by_their_own_distance(make):
+    """The VMM's rule (``ChunkSource.hot_small``): a size of at most ``small`` bytes is hot when it
+    misses again within ``small_distance``; a larger one only within ``distance``."""
+    m = make(2, 100, 1, 4096, 10)
+    for size, hot in ((4096, True), (4352, False)):
+        assert not m.note(size)
+        for s in range(1, 6):  # five other sizes missed in between: past 2, within 10
+            m.note(size + (s << 20))
+        assert m.note(size) is hot, size
+    with pytest.raises(ValueError, match="small and small_distance must be >= 0"):
+        make(2, 100, 1, -1, 10)
 
 
 @pytest.mark.parametrize("make", [pytest.param(_hot.Misses, id="python"),

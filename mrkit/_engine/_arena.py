@@ -211,6 +211,10 @@ class ChunkSource:
     #: list (see Arena.take)
     hot_distance = HOT_DISTANCE
     hot_repeats = HOT_REPEATS
+    #: sizes of at most this many bytes are judged by :data:`HOT_DISTANCE` whatever ``hot_distance``
+    #: says (0: none): a source that keeps its distance short for large sizes still caches a loop over
+    #: many small ones
+    hot_small = 0
 
     def grow(self, arena: "Arena", size: int, stream: Stream, exact: bool) -> tuple[int, int, bool]:
         """At least ``size`` bytes of new memory for ``stream`` (exactly ``size`` when ``exact``):
@@ -285,7 +289,8 @@ class Arena:
         self.lock = self.build.Lock() if hasattr(self.build, "Lock") else threading.RLock()
         self.owned = self.lock._is_owned
         self.deferred: list[tuple[int, int, Stream]] = []  # (block, size, stream): see free_or_defer
-        self.missed = self.build.Misses(source.hot_distance, _MISSED_MAX, source.hot_repeats)  # see take
+        self.missed = self.build.Misses(source.hot_distance, _MISSED_MAX, source.hot_repeats,  # see take
+                                        source.hot_small, HOT_DISTANCE)
         self._State = _state_class(self.build)
         self.allocate, self.deallocate = self.build.plain_paths(self)
 

@@ -43,24 +43,29 @@ Boundaries = set  # chunk bases, blocks never coalesce across one (the compiled 
 class Misses:
     """The sizes that missed the cache lately (touched only under the arena's lock): :meth:`note`
     counts a miss and says whether the same size has now missed again within ``distance`` misses of
-    its last miss ``repeats`` times in a row, which makes it worth a cache list. At most ``capacity``
-    sizes are remembered; past that it starts afresh."""
+    its last miss ``repeats`` times in a row, which makes it worth a cache list. A size of at most
+    ``small`` bytes is judged by ``small_distance`` instead (``small`` 0: none is). At most
+    ``capacity`` sizes are remembered; past that it starts afresh."""
 
-    __slots__ = ("last", "runs", "count", "distance", "capacity", "repeats")
+    __slots__ = ("last", "runs", "count", "distance", "capacity", "repeats", "small", "small_distance")
 
-    def __init__(self, distance: int, capacity: int, repeats: int = 1) -> None:
+    def __init__(self, distance: int, capacity: int, repeats: int = 1, small: int = 0,
+                 small_distance: int = 0) -> None:
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
+        if small < 0 or small_distance < 0:
+            raise ValueError(f"small and small_distance must be >= 0, got {small} and {small_distance}")
         self.last: dict[int, int] = {}  # size -> the count at its last miss
         self.runs: dict[int, int] = {}  # size -> how many times in a row it missed again in time
         self.count = 0
         self.distance, self.capacity, self.repeats = distance, capacity, repeats
+        self.small, self.small_distance = small, small_distance
 
     def note(self, size: int) -> bool:
         last, runs = self.last, self.runs
         n = self.count = self.count + 1
         prev = last.get(size)
-        again = prev is not None and n - prev <= self.distance
+        again = prev is not None and n - prev <= (self.small_distance if size <= self.small else self.distance)
         if not again and len(last) >= self.capacity:
             last.clear()
             runs.clear()

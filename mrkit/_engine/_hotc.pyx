@@ -666,22 +666,27 @@ cdef class Lock:
 
 
 cdef class Misses:
-    """The compiled twin of ``_hot.Misses``: the sizes that missed the cache lately, in a flat hash
-    table (open addressing, at most half full; no Python int kept per size, no allocation per size,
-    emptied at once by moving to a new generation), the counter a C field (touched only under the
-    arena's lock)."""
+    """The compiled twin of ``_hot.Misses`` (``small``, ``small_distance`` as there): the sizes that
+    missed the cache lately, in a flat hash table (open addressing, at most half full; no Python int
+    kept per size, no allocation per size, emptied at once by moving to a new generation), the counter
+    a C field (touched only under the arena's lock)."""
     cdef u64 *keys
     cdef Py_ssize_t *counts
     cdef Py_ssize_t *runs  # how many times in a row the size missed again within the distance
     cdef unsigned int *gens  # a slot holds an entry when its generation is the table's
     cdef unsigned int gen
     cdef Py_ssize_t mask, used
-    cdef readonly Py_ssize_t count, distance, capacity, repeats
+    cdef readonly Py_ssize_t count, distance, capacity, repeats, small_distance
+    cdef readonly u64 small
 
-    def __cinit__(self, Py_ssize_t distance, Py_ssize_t capacity, Py_ssize_t repeats=1):
+    def __cinit__(self, Py_ssize_t distance, Py_ssize_t capacity, Py_ssize_t repeats=1, long long small=0,
+                  Py_ssize_t small_distance=0):
         cdef Py_ssize_t n = 16
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
+        if small < 0 or small_distance < 0:
+            raise ValueError(f"small and small_distance must be >= 0, got {small} and {small_distance}")
+        self.small, self.small_distance = <u64>small, small_distance
         while n < 2 * capacity:
             n <<= 1
         self.keys = <u64*>calloc(n, sizeof(u64))
@@ -710,7 +715,8 @@ cdef class Misses:
         self.count += 1
         cdef Py_ssize_t i = self.slot(size)
         cdef bint found = self.gens[i] == self.gen
-        cdef bint again = found and self.count - self.counts[i] <= self.distance
+        cdef bint again = found and self.count - self.counts[i] <= (
+            self.small_distance if size <= self.small else self.distance)
         if again or (found and self.used < self.capacity):
             self.counts[i] = self.count
             self.runs[i] = self.runs[i] + 1 if again else 0
