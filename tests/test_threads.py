@@ -162,6 +162,51 @@ def test_vmm_trim_racing_allocation_loses_nothing():
         s.close()
 
 
+def test_vmm_batches_of_many_small_sizes_racing_trim_lose_nothing():
+    """The VMM caches a size of at most two pages that keeps missing within the engine's distance
+    (``hot_small``): four threads each run batches of 100 such sizes (allocate all, free in random
+    order; far more sizes than the VMM's own distance of 64): one after another, each size misses
+    three times and then runs on the lock-free cache; then at once, with ``trim()`` in a loop flushing
+    the caches while the threads take from them and put back. At the end nothing is live, mapped or
+    held."""
+    drv = SimDriver(devices=[SimDeviceSpec(total_memory=2 << 30)], policy="eager")
+    vmm = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size=8 << 30), driver=drv)
+    page = vmm.arena.source.page
+    streams = [Stream.create(driver=drv) for _ in range(4)]
+    handed, allocations = HandOuts(), []
+
+    def batches(errors, seed, s):
+        rng = random.Random(seed)
+        sizes = [rng.randrange(1, 2 * page) for _ in range(100)]
+        try:
+            for _ in range(8):
+                ptrs = []
+                for n in sizes:
+                    p = vmm.allocate(n, s)
+                    handed.took(p)
+                    ptrs.append((p, n))
+                allocations.append(len(ptrs))
+                rng.shuffle(ptrs)
+                for p, n in ptrs:
+                    handed.gave(p)
+                    vmm.deallocate(p, n, s)
+        except BaseException as exc:  # pragma: no cover - reported by the test
+            errors.append(exc)
+
+    works = [lambda errors, i=i, s=s: batches(errors, i, s) for i, s in enumerate(streams)]
+    errors: list = []
+    for work in works:  # one after another: each size misses three times, then hits
+        work(errors)
+    assert not errors and vmm.arena.misses < sum(allocations) // 2
+    _race(works, vmm.trim)  # at once, with trim() in a loop flushing the caches
+    assert vmm.live_bytes == 0
+    vmm.trim()
+    assert vmm.mapped_bytes == 0 and vmm.physical_bytes == 0
+    vmm.close()
+    for s in streams:
+        s.close()
+
+
 @pytest.mark.parametrize("limit", [None, 1.1])
 def test_vmm_out_of_memory_moves_racing_allocation_lose_nothing(limit):
     """Issue 22: out of device memory the VMM moves free mappings of any stream into the block (after
