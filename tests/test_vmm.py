@@ -486,8 +486,8 @@ def test_a_move_waits_for_the_stream_that_freed_the_memory():
     c = mr.allocate(10 * MiB, t)  # moves a's pages: waits for s first, so the memset ran on them
     assert mr.moves == 1
     drv.run_all()
-    for p, n, st in ((b, 2, s), (c, 10, t)):
-        mr.deallocate(p, n * MiB, st)
+    for p, n, on in ((b, 2, s), (c, 10, t)):
+        mr.deallocate(p, n * MiB, on)
     mr.close()
 
 
