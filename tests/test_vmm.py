@@ -672,6 +672,61 @@ def test_a_batch_of_many_small_sizes_runs_on_the_cache_and_large_ones_keep_the_s
     mr.close()
 
 
+def test_the_compiled_placement_with_blocks_cached_lands_where_the_sources_own_fit_does(monkeypatch):
+    """The compiled arena runs the VMM's plain placement in C (``ChunkSource.plain_pages``), also when
+    the stream has blocks cached: it coalesces them first (``StreamState.flush``), as the source's
+    ``fit`` does, with no Python ``fit`` call. Small sizes interleaved at random, some hot and cached
+    at each miss: every block lands where the source's own ``fit`` puts it (the same workload with
+    ``plain_pages`` off), and the footprint is the same."""
+    import random
+    from mrkit._engine import core_name
+    from mrkit.resources._vmm import _VirtualChunks
+    if core_name() != "compiled":
+        pytest.skip("the Python build has no compiled placement")
+    calls = []
+    real_fit = _VirtualChunks.fit
+    monkeypatch.setattr(_VirtualChunks, "fit", lambda self, arena, st, size: calls.append(size) or
+                        real_fit(self, arena, st, size))
+
+    def run(plain):
+        drv = SimDriver()
+        with monkeypatch.context() as m:
+            if not plain:
+                m.setattr(_VirtualChunks, "plain_pages", lambda self: None)
+            mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size="4 GiB"), driver=drv)
+        page = mr.arena.source.page
+        rng = random.Random(4)
+        sizes = [rng.randrange(1, 2 * page) for _ in range(60)]
+        s, live, got, cached_misses, empty_misses = DEFAULT_STREAM, [], [], 0, 0
+        for _ in range(3000):
+            if live and (len(live) > 12 or rng.random() < 0.5):
+                p, n = live.pop(rng.randrange(len(live)))
+                mr.deallocate(p, n, s)
+            else:
+                n = rng.choice(sizes)
+                st = mr.arena.states.get(s.uid)
+                cached, empty = st is not None and st.cached(), not live
+                misses = mr.arena.misses
+                live.append((mr.allocate(n, s), n))
+                got.append(live[-1][0])
+                cached_misses += cached and not empty and mr.arena.misses > misses
+                empty_misses += empty and mr.arena.misses > misses
+        for p, n in live:
+            mr.deallocate(p, n, s)
+        high = mr.mapped_high
+        mr.close()
+        return got, high, cached_misses, empty_misses
+
+    calls.clear()
+    fast, fast_high, cached_misses, empty_misses = run(True)
+    assert cached_misses > 50  # misses with something live that found blocks cached: this test's path
+    assert len(calls) == empty_misses  # only the misses with nothing live took the Python fit
+    calls.clear()
+    slow, slow_high, _, _ = run(False)
+    assert len(calls) > len(fast) // 2
+    assert fast == slow and fast_high == slow_high
+
+
 def test_footprint_limit_near_a_full_device_finishes_new_random_passes():
     """Issue 22 (run 17 on the H200, reproduced here): RMM's random workload at 95 % of the device,
     each pass with new sizes. With ``footprint_limit`` the VMM maps in 256 MiB runs, and a run is

@@ -228,7 +228,8 @@ class ChunkSource:
 
     def plain_pages(self):
         """``None`` (default), or ``(coverage, base, page)``: a promise that, whenever something is
-        live and the stream has no cached blocks, :meth:`fit` is the plain best fit that keeps the free
+        live, :meth:`fit` first coalesces the stream's cached blocks (``StreamState.flush``, nothing
+        kept) when it has any, then is the plain best fit that keeps the free
         block ending at ``self.top`` (an int attribute: the end of the carved range) for when nothing
         else fits, and :meth:`prepare` changes nothing for a block whose pages ``coverage`` covers
         (page ``i`` is ``[base + i * page, base + (i + 1) * page)``; ``coverage.starts`` is the sorted

@@ -1220,9 +1220,12 @@ cdef class _Base:
                 ptr = self.best_fit(st, n)
             if ptr is None:
                 ptr = self.find(size, stream, True)
-        elif self.pages_fit and (self.live.used or self.aligned) and not st.cached_c() and _as_u64(size, &n):
-            # the source's plain placement (ChunkSource.plain_pages), step for step: best fit keeping
-            # the block that ends at the top for last; pages mapped only where missing
+        elif self.pages_fit and (self.live.used or self.aligned) and _as_u64(size, &n):
+            # the source's plain placement (ChunkSource.plain_pages), step for step: the stream's cached
+            # blocks coalesced first, then best fit keeping the block that ends at the top for last;
+            # pages mapped only where missing
+            if st.cached_c():
+                st.flush(self.boundaries)
             free = st.free
             has_top = free.ending_at_u(<u64>self.source.top, &top)
             ptr = p if free.take_u(n, has_top, top, &p) else self.find(size, stream, True)
