@@ -37,9 +37,12 @@ print(json.dumps({"file": mrkit.__file__, "core": mrkit._engine.core_name(), "fr
 """
 
 
-def _run(tree: Path, ops: int, passes: int) -> dict:
+def run_child(tree: Path, child: str, *args) -> dict:
+    """Run the program ``child`` (this tree's path and ``args`` on its command line) in its own process
+    with ``tree``'s mrkit first on the path; the JSON object its last line prints (which must name
+    the ``file`` mrkit was imported from, inside ``tree``)."""
     env = dict(os.environ, PYTHONPATH=str(tree))
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(HERE), str(ops), str(passes)], env=env,
+    out = subprocess.run([sys.executable, "-c", child, str(HERE), *map(str, args)], env=env,
                          cwd=str(tree), capture_output=True, text=True, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     if not got["file"].startswith(str(tree)):
@@ -47,15 +50,25 @@ def _run(tree: Path, ops: int, passes: int) -> dict:
     return got
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse(doc: str, argv, runs: int, **options) -> argparse.Namespace:
+    """The A/B scripts' command line: ``OLD_TREE``, ``--runs`` and ``options`` (name -> default int)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("old", type=Path)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--ops", type=int, default=10000)
-    ap.add_argument("--passes", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=runs)
+    for name, default in options.items():
+        ap.add_argument(f"--{name}", type=int, default=default)
     args = ap.parse_args(argv)
     if not (args.old / "mrkit" / "__init__.py").is_file():
         ap.error(f"{args.old} is not a tree of mrkit (no mrkit/__init__.py there)")
+    return args
+
+
+def _run(tree: Path, ops: int, passes: int) -> dict:
+    return run_child(tree, _CHILD, ops, passes)
+
+
+def main(argv=None) -> None:
+    args = parse(__doc__, argv, 3, ops=10000, passes=8)
     trees = {"old": args.old.resolve(), "new": HERE}
     for k in range(args.runs):
         for name, tree in trees.items():

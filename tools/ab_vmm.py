@@ -14,14 +14,7 @@ the trees taking turns (both builds: ``MRKIT_NO_EXTENSIONS=1`` for the Python on
 (``python setup.py build_ext --inplace`` there). This tree's benchmark scripts run for both."""
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent.parent
+from ab_random import HERE, parse, run_child  # this script's directory is first on the path
 
 _CHILD = r"""
 import json, os, random, sys, time
@@ -66,27 +59,11 @@ print(json.dumps(out))
 """
 
 
-def _run(tree: Path, passes: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(HERE), str(passes)], env=env, cwd=str(tree),
-                         capture_output=True, text=True, check=True)
-    got = json.loads(out.stdout.strip().splitlines()[-1])
-    if not got["file"].startswith(str(tree)):
-        raise SystemExit(f"{tree}: imported mrkit from {got['file']}")
-    return got
-
-
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("old", type=Path)
-    ap.add_argument("--runs", type=int, default=4)
-    ap.add_argument("--passes", type=int, default=8)
-    args = ap.parse_args(argv)
-    if not (args.old / "mrkit" / "__init__.py").is_file():
-        ap.error(f"{args.old} is not a tree of mrkit (no mrkit/__init__.py there)")
+    args = parse(__doc__, argv, 4, passes=8)
     for k in range(args.runs):
         for name, tree in (("old", args.old.resolve()), ("new", HERE)):
-            r = _run(tree, args.passes)
+            r = run_child(tree, _CHILD, args.passes)
             print(f"{name} ({r['core']}), run {k}: batch {r['batch']:.0f} ns a pair; random {r['fresh']:.0f} ns "
                   f"fresh, {r['replayed']:.0f} replayed, footprint {r['footprint'] / 2**20:.0f} MiB; "
                   f"small sizes interleaved {r['small']:.0f} ns", flush=True)
