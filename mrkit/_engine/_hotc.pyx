@@ -1705,17 +1705,12 @@ cdef void *_c_malloc(void *param, size_t nbytes, int device_id) except? <void*>-
     return <void*><intptr_t>ptr
 
 
-cdef intptr_t _call_as_cupy(intptr_t param, intptr_t malloc_func, size_t size, int device_id) except? -1:
-    return <intptr_t>(<void *(*)(void *, size_t, int) noexcept>malloc_func)(<void *>param, size, device_id)
-
-
-def cupy_call_malloc(intptr_t param, intptr_t malloc_func, size_t size, int device_id):
+cpdef intptr_t cupy_call_malloc(intptr_t param, intptr_t malloc_func, size_t size, int device_id) except? -1:
     """What CuPy 14's ``CFunctionAllocatorMemory`` does with a C ``malloc`` (its ``_call_malloc``: an
-    ``intptr_t`` function under Cython's default ``except? -1``, as ``_call_as_cupy`` here): the
-    pointer; an exception the function leaves set is raised when it returns -1, and with any other
-    value stays set (so the interpreter fails the call with SystemError, as with CuPy). For the tests'
-    fake CuPy."""
-    return _call_as_cupy(param, malloc_func, size, device_id)
+    ``intptr_t`` function under Cython's default ``except? -1``, as this one): the pointer; an
+    exception the function leaves set is raised when it returns -1, and with any other value stays set
+    (so the interpreter fails the call with SystemError, as with CuPy). For the tests' fake CuPy."""
+    return <intptr_t>(<void *(*)(void *, size_t, int) noexcept>malloc_func)(<void *>param, size, device_id)
 
 
 cdef void _c_free(void *param, void *ptr, int device_id) noexcept:
