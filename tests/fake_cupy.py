@@ -96,7 +96,13 @@ def make(devices: int = 1):
             return MemoryPointer(CFunctionAllocatorMemory(size, p, m, f, state["device"]), 0)
 
     def gc_clear(mem):
-        """``tp_clear``: CuPy's memory classes with object fields have them set to ``None``."""
+        """``tp_clear``: CuPy's memory classes with object fields have them set to ``None``. A memory
+        object whose type has a finalizer (a subclass defining ``__del__``) is put in a real reference
+        cycle instead, for the collector: it runs finalizers before it clears anything (PEP 442), and its
+        clear then empties the object's fields (the caller runs ``gc.collect()``)."""
+        if "__del__" in type(mem).__dict__:
+            mem.__dict__["_cycle"] = mem
+            return
         if isinstance(mem, PythonFunctionAllocatorMemory):
             mem._free_func = None
         elif isinstance(mem, UnownedMemory):

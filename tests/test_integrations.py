@@ -172,13 +172,13 @@ def test_cupy_hooks_over_a_pool_are_the_pools_hot_path(sim, monkeypatch):
         assert holds(mp.ptr)
         assert type(core).__name__ == "HookPaths" and fn.hooks is not None
     else:  # Python build: CuPy calls the engine's route itself, a real function in a real file, and the
-        # block's owner frees it (its finalizer is the engine's free path)
+        # block's memory object frees it (its finalizer is the engine's free path; its owner the stream)
         assert fn.__code__.co_name == "route" and fn.__code__.co_filename.endswith("_engine/_hot.py")
-        owner = mp.mem._owner
-        assert tuple(owner) == (mp.ptr, mrkit.DEFAULT_STREAM)
-        assert type(owner).__del__.__code__.co_filename.endswith("_engine/_hot.py")
+        mem = mp.mem
+        assert isinstance(mem, fake.cuda.memory.UnownedMemory) and mem._owner is mrkit.DEFAULT_STREAM
+        assert type(mem).__del__.__code__.co_filename.endswith("_engine/_hot.py")
         assert pool.arena.live[mp.ptr] == 1024
-        del owner
+        del mem
     s = Stream.create()
     fake.state["streams"][0] = fake.Stream(s.handle)
     mp2 = fn(1000)  # on s

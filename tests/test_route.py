@@ -1,5 +1,5 @@
 """The Python build's one-frame allocator route (``hot_paths(mr, "route")``, what CuPy calls in that
-build): rounding, the caller's stream, the cache, the owner whose finalizer frees, another device, bad
+build): rounding, the caller's stream, the cache, the memory object whose finalizer frees, another device, bad
 sizes, interpreter exit, and threads racing release() with every byte back upstream at the end."""
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _device_bytes(drv):
     return sum(s for _, s, k in drv.regions() if k == "device")
 
 
-def test_the_route_rounds_serves_the_current_stream_and_its_owner_frees():
+def test_the_route_rounds_serves_the_current_stream_and_its_memory_frees():
     drv, pool = _pool()
     s = Stream.create(driver=drv)
     current = [DEFAULT_STREAM]
@@ -64,15 +64,16 @@ def test_the_route_rounds_serves_the_current_stream_and_its_owner_frees():
     assert route.rounding == 512
     a = route(1000)
     assert (a.mem.size, a.mem.device_id, a.ptr) == (1024, 0, a.mem.ptr) and a.ptr % 256 == 0
-    owner = a.mem._owner
-    assert tuple(owner) == (a.ptr, DEFAULT_STREAM) and pool.arena.live == {a.ptr: 1024}
+    mem = a.mem  # a subclass of the caller's memory type whose finalizer frees; its owner is the stream
+    assert isinstance(mem, Memory) and type(mem) is not Memory
+    assert mem._owner is DEFAULT_STREAM and pool.arena.live == {a.ptr: 1024}
     current[0] = s
     b = route(1)
-    assert b.mem.size == 512 and b.mem._owner[1] is s and pool.live_bytes == 1536
+    assert b.mem.size == 512 and b.mem._owner is s and pool.live_bytes == 1536
     pa, pb = a.ptr, b.ptr
     del a, b
-    assert pool.live_bytes == 1024  # the test still holds a's owner: the block stays live
-    del owner
+    assert pool.live_bytes == 1024  # the test still holds a's memory: the block stays live
+    del mem
     assert pool.live_bytes == 0 and pool.arena.live == {}
     current[0] = DEFAULT_STREAM
     for _ in range(3):  # a repeated size becomes hot and comes back from the stream's cache

@@ -11,7 +11,8 @@ and differ only in what they add:
   name no stream and free by pointer alone (CuPy's): they find the caller's current stream and
   remember each block's stream until it is freed;
 * :func:`route_paths` — ``route(size)``: the Python build's whole CuPy entry point, returning CuPy's
-  pointer whose owner (a ``(ptr, stream)`` tuple) frees the block from its finalizer.
+  pointer whose memory object (a subclass of CuPy's ``UnownedMemory``) frees the block from its
+  finalizer.
 
 The lock-free part reads only single atomic built-in operations (locking rule 1 in
 ``docs/design.md``): ``states.get(uid)``, a cache list's ``pop``/``append``, ``cache.get``,
@@ -346,15 +347,18 @@ def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream,
 
     ``size`` is rounded up to ``unit`` (a power of two) and allocated on the caller's current stream
     (``current_stream``, ``seen``, ``remember`` as in :func:`hook_paths`); the result is
-    ``pointer(memory(ptr, n, owner, device_id), 0)`` (``n`` the rounded size; ``size == 0`` gives
-    ``pointer(memory(0, 0, None, device_id), 0)``; anything but an int ``>= 0`` is a ``TypeError`` or
-    ``ValueError`` naming ``size``, :func:`rounded_size`). ``owner`` is a ``(ptr, stream)`` tuple whose
-    finalizer is the free path itself: a block goes back when the last reference to its owner dies
-    (Python runs finalizers before the collector clears a cycle, so a block in a garbage cycle is
-    freed once). ``get_device()`` names the caller's current device (a dispatcher that has read it
-    passes it, ``route(size, device)``); when it is not ``device_id`` the call is
-    ``elsewhere(size, device)``'s. While ``exiting[0]`` is true (interpreter exit) every
-    free is counted in ``late[0]``, and one that fails in ``late[1]`` instead of being reported."""
+    ``pointer(Block(ptr, n, stream, device_id), 0)``, where ``Block`` is a subclass of ``memory`` (CuPy's
+    ``UnownedMemory(ptr, size, owner, device_id)``) whose owner is the block's stream and whose finalizer
+    is the free path itself (``n`` the rounded size; ``size == 0`` gives ``pointer(memory(0, 0, None,
+    device_id), 0)``; anything but an int ``>= 0`` is a ``TypeError`` or ``ValueError`` naming ``size``,
+    :func:`rounded_size`). A block goes back when the last reference to its memory object dies (Python
+    runs finalizers before the collector clears a cycle, and ``ptr`` is not an object field, so a block
+    in a garbage cycle is freed once). The memory object frees the block itself: the collector tracks
+    one object per block fewer than with a separate owner. ``get_device()`` names the caller's current
+    device (a dispatcher that has read it passes it, ``route(size, device)``); when it is not
+    ``device_id`` the call is ``elsewhere(size, device)``'s. While ``exiting[0]`` is true (interpreter
+    exit) every free is counted in ``late[0]``, and one that fails in ``late[1]`` instead of being
+    reported."""
     if type(unit) is not int or unit <= 0 or unit & (unit - 1):
         raise ValueError(f"unit must be a power of two, not {unit!r}")
     live, lock, states_get, live_pop = arena.live, arena.lock, arena.states.get, arena.live.pop
@@ -362,13 +366,14 @@ def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream,
     _AttributeError, _IndexError = AttributeError, IndexError
     mask, neg = unit - 1, -unit
 
-    class Block(tuple):
-        """``(ptr, stream)``: one block handed out by the route; freed by its finalizer."""
+    class Block(memory):
+        """``memory`` of one block handed out by the route, its owner the stream it was allocated on;
+        freed by its finalizer."""
 
         __slots__ = ()
 
         def __del__(self):
-            ptr, stream = self
+            ptr, stream = self.ptr, self._owner
             if exiting[0]:
                 late[0] += 1
             try:
@@ -427,13 +432,13 @@ def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream,
                     pass
                 else:
                     live[ptr] = n
-                    return pointer(memory(ptr, n, Block((ptr, stream)), dev), 0)
+                    return pointer(Block(ptr, n, stream, dev), 0)
         if lock._is_owned():  # a finalizer allocating inside this thread's locked step
             arena.nested_allocation(n)
         with lock:
             ptr = arena.take(n, stream)
             live[ptr] = n
-        return pointer(memory(ptr, n, Block((ptr, stream)), dev), 0)
+        return pointer(Block(ptr, n, stream, dev), 0)
 
     route.rounding = unit
     return route
