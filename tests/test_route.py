@@ -100,7 +100,7 @@ def test_the_route_answers_zero_bad_sizes_and_another_device_without_changing_st
     current = [DEFAULT_STREAM, 3]  # the caller's current device is 3
     other = _route(pool, current=current)
     assert other(100) == ("elsewhere", 100, 3) and pool.live_bytes == 0
-    for unit in (384, 0, None, 512.0):
+    for unit in (384, 0, None, 512.0, 128, 64):  # a power of two below the arena's 256 among them
         with pytest.raises(ValueError, match="unit"):
             hot_paths(pool, "route", device_id=0, get_device=int, elsewhere=None, current_stream=None, seen=[None],
                       remember=None, memory=Memory, pointer=Pointer, unit=unit, exiting=[False], late=[0, 0])

@@ -345,8 +345,9 @@ def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream,
     that take an object from their allocator function and free by dropping it (CuPy's
     ``set_allocator``); the Python build's counterpart of the compiled build's C hooks.
 
-    ``size`` is rounded up to ``unit`` (a power of two) and allocated on the caller's current stream
-    (``current_stream``, ``seen``, ``remember`` as in :func:`hook_paths`); the result is
+    ``size`` is rounded up to ``unit`` (a power of two, at least the arena's 256) and allocated on the
+    caller's current stream (``current_stream``, ``seen``, ``remember`` as in :func:`hook_paths`); the
+    result is
     ``pointer(Block(ptr, n, stream, device_id), 0)``, where ``Block`` is a subclass of ``memory`` (CuPy's
     ``UnownedMemory(ptr, size, owner, device_id)``) whose owner is the block's stream and whose finalizer
     is the free path itself (``n`` the rounded size; ``size == 0`` gives ``pointer(memory(0, 0, None,
@@ -359,8 +360,8 @@ def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream,
     ``device_id`` the call is ``elsewhere(size, device)``'s. While ``exiting[0]`` is true (interpreter
     exit) every free is counted in ``late[0]``, and one that fails in ``late[1]`` instead of being
     reported."""
-    if type(unit) is not int or unit <= 0 or unit & (unit - 1):
-        raise ValueError(f"unit must be a power of two, not {unit!r}")
+    if type(unit) is not int or unit < 256 or unit & (unit - 1):
+        raise ValueError(f"unit must be a power of two of at least 256 (the arena's size step), not {unit!r}")
     live, lock, states_get, live_pop = arena.live, arena.lock, arena.states.get, arena.live.pop
     _int, _type, _BaseException = int, type, BaseException
     _AttributeError, _IndexError = AttributeError, IndexError
@@ -381,7 +382,7 @@ def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream,
                 if nbytes is None:  # cannot happen while the block is owned; the lock decides
                     arena.free_slow(ptr, -1, stream, 256)
                     return
-                size = (nbytes + 255) & -256
+                size = nbytes  # a multiple of the unit, itself of 256
                 st = states_get(stream.uid)
                 if st is not None:
                     cache = st.cache
