@@ -131,3 +131,15 @@ def test_a_request_the_device_refuses_leaves_the_bound_where_it_was():
     program = [("alloc", 14663476, 1), ("free", 0), ("alloc", 13145621, 0), ("alloc", 8333737, 0),
                ("alloc", 15238543, 1), ("free", 1), ("alloc", 325270, 1), ("alloc", 9719621, 2)]
     _run(1.0, "16 MiB", program, 32 * MiB)
+
+
+def test_a_mapping_straddling_the_block_being_placed_does_not_refuse_a_request_with_nothing_live():
+    """Found on the GPU machine by the small-device test above (a sequence true randomness drew): the
+    free memory lay in two streams' free lists, then in one; the request's best place held part of a
+    mapping whose other pages were free beside it, so that mapping could neither move nor go, and the
+    one page still missing would have passed the bound: refused with nothing live (it reproduced on
+    every seed and in both builds). Every mapping can go when nothing is live."""
+    program = [("alloc", 14005005, 1), ("free", 0), ("trim_async",), ("alloc", 11475201, 2), ("trim",),
+               ("alloc", 28017681, 2), ("free", 0), ("free", 0), ("alloc", 32655546, 0)]
+    _run(1.0, "16 MiB", program, 64 * MiB)
+    _run(1.0, "16 MiB", program, 64 * MiB, seed=653862158)

@@ -448,7 +448,8 @@ class _VirtualChunks(ChunkSource):
             # set-aside ones and release them, wait for those streams and take their free memory over
             # (the block just given back coalesces with it), then try the free block that needs the
             # fewest new pages (with nothing changed, a block other than the one refused, else the
-            # refusal stands)
+            # refusal stands); with nothing live, every free mapping goes instead and the request is
+            # mapped afresh (_trim_and_map)
             st = self.arena.state(stream)
             changed = bool(self._pending)
             if changed:
@@ -460,8 +461,15 @@ class _VirtualChunks(ChunkSource):
             if other is None or (other == ptr and not changed):
                 if other is not None:
                     st.free.insert(other, size, self.arena.boundaries)
-                raise
-            self._map_block(other, size, stream)
+                if self.arena.live_total():
+                    raise
+                return self._trim_and_map(size, stream)
+            try:
+                self._map_block(other, size, stream)
+            except FootprintLimitError:
+                if self.arena.live_total():
+                    raise
+                return self._trim_and_map(size, stream)
             return other
         except OutOfMemoryError:
             pass
@@ -479,6 +487,17 @@ class _VirtualChunks(ChunkSource):
                 return ptr
             except OutOfMemoryError:
                 pass
+        self.trim_locked()
+        ptr = self.arena.find(size, stream)
+        self._map_block(ptr, size, stream)
+        return ptr
+
+    def _trim_and_map(self, size, stream):
+        """With nothing live, the last step before the limit would refuse a request: release every
+        mapping (all free) and map the request afresh, so the bound always has room. (A mapping that
+        holds part of the block being placed and free pages beside it can neither move nor go while the
+        block is placed there, and its free pages count against the bound.) With blocks live, pages
+        stranded beside them stay, and a trim changed no refusal on RMM's workload: the refusal stands."""
         self.trim_locked()
         ptr = self.arena.find(size, stream)
         self._map_block(ptr, size, stream)
