@@ -347,10 +347,9 @@ def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream,
 
     ``size`` is rounded up to ``unit`` (a power of two, at least the arena's 256) and allocated on the
     caller's current stream (``current_stream``, ``seen``, ``remember`` as in :func:`hook_paths`); the
-    result is
-    ``pointer(Block(ptr, n, stream, device_id), 0)``, where ``Block`` is a subclass of ``memory`` (CuPy's
-    ``UnownedMemory(ptr, size, owner, device_id)``) whose owner is the block's stream and whose finalizer
-    is the free path itself (``n`` the rounded size; ``size == 0`` gives ``pointer(memory(0, 0, None,
+    result is ``pointer(Block(ptr, n, stream, device_id), 0)``, where ``Block`` is a subclass of
+    ``memory`` (CuPy's ``UnownedMemory(ptr, size, owner, device_id)``) whose owner is the block's stream
+    and whose finalizer is the free path itself (``n`` the rounded size; ``size == 0`` gives ``pointer(memory(0, 0, None,
     device_id), 0)``; anything but an int ``>= 0`` is a ``TypeError`` or ``ValueError`` naming ``size``,
     :func:`rounded_size`). A block goes back when the last reference to its memory object dies (Python
     runs finalizers before the collector clears a cycle, and ``ptr`` is not an object field, so a block
