@@ -349,9 +349,9 @@ def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream,
     caller's current stream (``current_stream``, ``seen``, ``remember`` as in :func:`hook_paths`); the
     result is ``pointer(Block(ptr, n, stream, device_id), 0)``, where ``Block`` is a subclass of
     ``memory`` (CuPy's ``UnownedMemory(ptr, size, owner, device_id)``) whose owner is the block's stream
-    and whose finalizer is the free path itself (``n`` the rounded size; ``size == 0`` gives ``pointer(memory(0, 0, None,
-    device_id), 0)``; anything but an int ``>= 0`` is a ``TypeError`` or ``ValueError`` naming ``size``,
-    :func:`rounded_size`). A block goes back when the last reference to its memory object dies (Python
+    and whose finalizer is the free path itself (``n`` the rounded size; ``size == 0`` gives
+    ``pointer(memory(0, 0, None, device_id), 0)``; anything but an int ``>= 0`` is a ``TypeError`` or
+    ``ValueError`` naming ``size``, :func:`rounded_size`). A block goes back when the last reference to its memory object dies (Python
     runs finalizers before the collector clears a cycle, and ``ptr`` is not an object field, so a block
     in a garbage cycle is freed once). The memory object frees the block itself: the collector tracks
     one object per block fewer than with a separate owner. ``get_device()`` names the caller's current
@@ -381,12 +381,11 @@ def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream,
                 if nbytes is None:  # cannot happen while the block is owned; the lock decides
                     arena.free_slow(ptr, -1, stream, 256)
                     return
-                size = nbytes  # a multiple of the unit, itself of 256
-                st = states_get(stream.uid)
+                st = states_get(stream.uid)  # nbytes: a multiple of the unit, so of the arena's 256
                 if st is not None:
                     cache = st.cache
                     try:
-                        lst = cache.get(size)
+                        lst = cache.get(nbytes)
                     except _AttributeError:  # retired
                         pass
                     else:
@@ -394,9 +393,9 @@ def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream,
                             lst.append(ptr)
                             if st.cache is cache:  # rule 3
                                 return
-                            arena.rescue(lst, size, stream)
+                            arena.rescue(lst, nbytes, stream)
                             return
-                arena.free_or_defer(ptr, size, stream)
+                arena.free_or_defer(ptr, nbytes, stream)
             except _BaseException:
                 if not exiting[0]:
                     raise
