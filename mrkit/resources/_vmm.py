@@ -441,15 +441,18 @@ class _VirtualChunks(ChunkSource):
         try:
             self._map_block(ptr, size, stream)
             return ptr
-        except FootprintLimitError:
+        except FootprintLimitError as refused:
             # the limit, not the device. Mappings set aside by a non-blocking release are held but in
             # no free list, and free memory of other streams can neither move (a mapping split
             # between two free lists lies wholly in neither) nor take the request: wait for the
             # set-aside ones and release them, wait for those streams and take their free memory over
             # (the block just given back coalesces with it), then try the free block that needs the
-            # fewest new pages (with nothing changed, a block other than the one refused, else the
-            # refusal stands); with nothing live, every free mapping goes instead and the request is
-            # mapped afresh (_trim_and_map)
+            # fewest new pages (with nothing changed, a block other than the one refused). Still
+            # refused: with blocks live the refusal stands (pages stranded beside them stay; a trim
+            # there changed no refusal on RMM's workload); with nothing live, every mapping goes and the
+            # request is mapped afresh, so the bound always has room (a mapping that holds part of the
+            # block being placed and free pages beside it can neither move nor go while the block is
+            # placed there, and its free pages count against the bound)
             st = self.arena.state(stream)
             changed = bool(self._pending)
             if changed:
@@ -458,19 +461,17 @@ class _VirtualChunks(ChunkSource):
                 self.arena.quiesce(st)
                 changed = True
             other = self._fit_fewest_missing(st.free, size)
-            if other is None or (other == ptr and not changed):
-                if other is not None:
-                    st.free.insert(other, size, self.arena.boundaries)
-                if self.arena.live_total():
-                    raise
-                return self._trim_and_map(size, stream)
-            try:
-                self._map_block(other, size, stream)
-            except FootprintLimitError:
-                if self.arena.live_total():
-                    raise
-                return self._trim_and_map(size, stream)
-            return other
+            if other is not None and (other != ptr or changed):
+                try:
+                    self._map_block(other, size, stream)
+                    return other
+                except FootprintLimitError as again:
+                    refused = again
+            elif other is not None:
+                st.free.insert(other, size, self.arena.boundaries)
+            if self.arena.live_total():
+                raise refused
+            return self._map_afresh(size, stream)
         except OutOfMemoryError:
             pass
         if self._run_pages > self._small_run:
@@ -487,17 +488,10 @@ class _VirtualChunks(ChunkSource):
                 return ptr
             except OutOfMemoryError:
                 pass
-        self.trim_locked()
-        ptr = self.arena.find(size, stream)
-        self._map_block(ptr, size, stream)
-        return ptr
+        return self._map_afresh(size, stream)
 
-    def _trim_and_map(self, size, stream):
-        """With nothing live, the last step before the limit would refuse a request: release every
-        mapping (all free) and map the request afresh, so the bound always has room. (A mapping that
-        holds part of the block being placed and free pages beside it can neither move nor go while the
-        block is placed there, and its free pages count against the bound.) With blocks live, pages
-        stranded beside them stay, and a trim changed no refusal on RMM's workload: the refusal stands."""
+    def _map_afresh(self, size, stream):
+        """Trim (every free mapping released), take a block for the request again and map it."""
         self.trim_locked()
         ptr = self.arena.find(size, stream)
         self._map_block(ptr, size, stream)
