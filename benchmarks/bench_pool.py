@@ -34,7 +34,24 @@ def _timeit(fn, repeat=3):
 
 
 # -- allocator adapters: each returns (alloc(n, si) -> handle, free(handle, si, owner), footprint(),
-#    pair_loop(n, count), batch_loop(sizes, order)) -------------------------------------------------------
+#    pair_loop(n, count), batch_loop(sizes, order), random_loop(plan)) ------------------------------------
+def _random_loop_explicit(a, f, s):
+    """RMM's random workload on stream ``s`` through ``a(n, s) -> ptr`` / ``f(ptr, n, s)``, as a user of an
+    explicit-stream allocator writes it: the size kept beside the pointer."""
+    def random_loop(plan):
+        live = []
+        for is_alloc, n, r in plan:
+            if is_alloc or not live:
+                live.append((a(n, s), n))
+            else:
+                p, m = live.pop(int(r * len(live)))
+                f(p, m, s)
+        for p, m in live:
+            f(p, m, s)
+    return random_loop
+
+
+
 def _explicit_stream_peer(a, f, args, streams, footprint):
     """An allocator whose calls take the stream (mrkit, RMM): ``args[i]`` is its form of ``streams[i]``."""
     def alloc(n, si):
@@ -53,7 +70,7 @@ def _explicit_stream_peer(a, f, args, streams, footprint):
         ptrs = [a(n, s) for n in sizes]
         for i in order:
             f(ptrs[i], sizes[i], s)
-    return alloc, free, footprint, pair_loop, batch_loop
+    return alloc, free, footprint, pair_loop, batch_loop, _random_loop_explicit(a, f, args[0])
 
 
 def mrkit_peer(kind, streams):
@@ -101,7 +118,16 @@ def cupy_peer(kind, streams):
         mps = [malloc(n) for n in sizes]
         for i in order:
             mps[i] = None
-    return alloc, free, footprint, pair_loop, batch_loop
+
+    def random_loop(plan):  # a MemoryPointer dropped is a free
+        live = []
+        for is_alloc, n, r in plan:
+            if is_alloc or not live:
+                live.append(malloc(n))
+            else:
+                live.pop(int(r * len(live)))
+        live.clear()
+    return alloc, free, footprint, pair_loop, batch_loop, random_loop
 
 
 def torch_peer(streams):
@@ -128,7 +154,17 @@ def torch_peer(streams):
         ptrs = [ca(n, 0, s) for n in sizes]
         for i in order:
             cd(ptrs[i])
-    return alloc, free, footprint, pair_loop, batch_loop
+
+    def random_loop(plan, s=ts[0]):
+        live = []
+        for is_alloc, n, r in plan:
+            if is_alloc or not live:
+                live.append(ca(n, 0, s))
+            else:
+                cd(live.pop(int(r * len(live))))
+        for h in live:
+            cd(h)
+    return alloc, free, footprint, pair_loop, batch_loop, random_loop
 
 
 def rmm_peer(kind, streams):
@@ -172,22 +208,16 @@ def batch(peer, sizes, order, reps):
 
 
 def random_workload(peer, ops, seed=1, replay=True):
-    """RMM's random workload, 50/50, sizes to 8 MiB: µs per operation. ``replay``: one untimed run,
-    then the same sizes again, timed (a replay); else the first run is timed (sizes new to the
-    allocator, as far as ``seed`` is new)."""
-    alloc, free = peer[:2]
+    """RMM's random workload, 50/50, sizes to 8 MiB, on stream 0: µs per operation, through each
+    allocator's own loop (``peer[5]``: its calls as its users write them, as for pairs and the batch).
+    ``replay``: one untimed run, then the same sizes again, timed (a replay); else the first run is
+    timed (sizes new to the allocator, as far as ``seed`` is new)."""
+    loop = peer[5]
     rng = random.Random(seed)
     plan = [(rng.random() < 0.5, rng.randint(1, 8 << 20), rng.random()) for _ in range(ops)]
 
     def run():
-        live = []
-        for is_alloc, n, r in plan:
-            if is_alloc or not live:
-                live.append(alloc(n, 0))
-            else:
-                free(live.pop(int(r * len(live))), 0)
-        for h in live:
-            free(h, 0)
+        loop(plan)
         return ops
     if replay:
         run()

@@ -6,7 +6,9 @@ random live block freed), ``--ops`` operations in all. Each case runs in its own
 pass samples ``cuMemGetInfo`` after every allocation (the footprint: peak device memory in use by the
 driver's count, minus what was in use before the allocator existed, over the peak live bytes), then
 ``--passes`` warm passes (default 3) are timed, each on new sizes from the same distribution (so no
-allocator profits from an exact replay), and the fastest is reported in us per operation (the GPU
+allocator profits from an exact replay) and each through the allocator's own loop (its calls as its
+users write them, no wrapper between: CuPy's ``malloc(n)`` and a dropped pointer, mrkit's
+``allocate(n, s)``/``deallocate(p, n, s)``), and the fastest is reported in us per operation (the GPU
 machine's CPU speed drifts, and a single pass of a few milliseconds caught the drift); ``--repeat N``
 runs each case in N fresh processes and keeps the fastest (a process lands on whichever core it is
 given: the same case took 2.3 and 4.0 us in two processes a minute apart). For mrkit, the
@@ -143,9 +145,34 @@ def _time_driver(drv, calls: dict | None = None) -> list:
     return spent
 
 
+def _loop_explicit(a, d, s):
+    """A timed pass through an allocator whose calls take the stream (mrkit): ``a(n, s)`` and
+    ``d(ptr, n, s)`` called as its users call them, no wrapper between."""
+    def run(steps, handles):
+        for kind, n, k in steps:
+            if kind == "a":
+                handles[k] = a(n, s)
+            else:
+                d(handles.pop(k), n, s)
+    return run
+
+
+def _loop_implicit(a, d):
+    """A timed pass through ``a(n)`` and ``d(handle, n)`` (RMM's calls, the stream left to its default)."""
+    def run(steps, handles):
+        for kind, n, k in steps:
+            if kind == "a":
+                handles[k] = a(n)
+            else:
+                d(handles.pop(k), n)
+    return run
+
+
 def _make(name: str):
-    """(alloc(n) -> handle, free(handle, n), close(), moves(), driver) for allocator ``name``; the
-    driver (mrkit's, whose calls :func:`_time_driver` can time) is None for other libraries."""
+    """(alloc(n) -> handle, free(handle, n), close(), moves(), driver, run(steps, handles)) for
+    allocator ``name``; the driver (mrkit's, whose calls :func:`_time_driver` can time) is None for
+    other libraries; ``run`` is the timed passes' loop, each allocator called as its users call it
+    (``alloc``/``free`` serve the untimed passes)."""
     if name.startswith("mrkit"):
         import mrkit
         s = mrkit.DEFAULT_STREAM
@@ -160,15 +187,30 @@ def _make(name: str):
             mr = mrkit.VirtualMemoryResource(0, mrkit.VirtualMemoryResourceOptions(reserve_size=512 * GiB, **opts))
         a, d = mr.allocate, mr.deallocate
         return (lambda n: a(n, s)), (lambda p, n: d(p, n, s)), mr.close, (lambda: getattr(mr, "moves", 0)), \
-            mr.arena.driver
+            mr.arena.driver, _loop_explicit(a, d, s)
     if name == "cupy MemoryPool":
         import cupy
         pool = cupy.cuda.MemoryPool()
-        return pool.malloc, (lambda h, n: None), pool.free_all_blocks, (lambda: 0), None
+        malloc = pool.malloc
+
+        def run(steps, handles):  # a MemoryPointer dropped is a free
+            for kind, n, k in steps:
+                if kind == "a":
+                    handles[k] = malloc(n)
+                else:
+                    del handles[k]
+        return malloc, (lambda h, n: None), pool.free_all_blocks, (lambda: 0), None, run
     if name.startswith("torch"):
         import torch
         ca, cd = torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete
-        return ca, (lambda h, n: cd(h)), torch.cuda.empty_cache, (lambda: 0), None
+
+        def run(steps, handles):
+            for kind, n, k in steps:
+                if kind == "a":
+                    handles[k] = ca(n)
+                else:
+                    cd(handles.pop(k))
+        return ca, (lambda h, n: cd(h)), torch.cuda.empty_cache, (lambda: 0), None, run
     if name.startswith("rmm"):
         import rmm
         cuda_mr = rmm.mr.CudaMemoryResource()
@@ -176,7 +218,7 @@ def _make(name: str):
               "rmm arena": lambda: rmm.mr.ArenaMemoryResource(cuda_mr),
               "rmm binning": lambda: rmm.mr.BinningMemoryResource(rmm.mr.PoolMemoryResource(cuda_mr), 18, 22),
               "rmm async": rmm.mr.CudaAsyncMemoryResource}[name]()
-        return mr.allocate, mr.deallocate, (lambda: None), (lambda: 0), None
+        return mr.allocate, mr.deallocate, (lambda: None), (lambda: 0), None, _loop_implicit(mr.allocate, mr.deallocate)
     raise ValueError(name)
 
 
@@ -197,7 +239,7 @@ def one_case(name: str, max_size: int, cap: int, ops: int, passes: int = 3) -> d
     base = _used(cuda)
     plans = [plan(ops, max_size, cap, seed=7 + p) for p in range(1 + passes)]  # timed passes: new sizes
     steps = plans[0]
-    alloc, free, close, moves, drv = _make(name)
+    alloc, free, close, moves, drv, run = _make(name)
     if drv is not None:  # one more pass, with mrkit's driver calls timed (not the timed passes: no overhead there)
         plans.append(plan(ops, max_size, cap, seed=8 + passes))
     out = {"allocator": name, "max_size": max_size, "cap": cap, "ops": len(steps), "passes": passes,
@@ -211,17 +253,22 @@ def one_case(name: str, max_size: int, cap: int, ops: int, passes: int = 3) -> d
         handles, cur, done = {}, 0, 0
         t0 = time.perf_counter()
         try:
-            for done, (kind, n, k) in enumerate(steps):
-                if kind == "a":
-                    handles[k] = alloc(n)
-                    cur += n
-                    if sample:
-                        peak_live = max(peak_live, cur)
-                        peak_used = max(peak_used, _used(cuda) - base)
-                else:
-                    free(handles.pop(k), n)
-                    cur -= n
+            if timed:
+                run(steps, handles)  # the allocator's own loop, nothing else timed
+            else:
+                for done, (kind, n, k) in enumerate(steps):
+                    if kind == "a":
+                        handles[k] = alloc(n)
+                        cur += n
+                        if sample:
+                            peak_live = max(peak_live, cur)
+                            peak_used = max(peak_used, _used(cuda) - base)
+                    else:
+                        free(handles.pop(k), n)
+                        cur -= n
         except Exception as exc:  # noqa: BLE001 - out of memory, whatever the library calls it
+            if timed:  # the allocator's own loop counts nothing: the live blocks say what was live
+                cur, done = sum(sizes[k] for k in handles), None
             out.update(finished=False, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:500]}",
                        done_ops=done, live_at_failure=cur)
             for k, h in list(handles.items()):
