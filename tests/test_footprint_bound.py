@@ -133,6 +133,22 @@ def test_a_request_the_device_refuses_leaves_the_bound_where_it_was():
     _run(1.0, "16 MiB", program, 32 * MiB)
 
 
+def test_mappings_a_non_blocking_trim_set_aside_come_back_when_the_reservation_runs_out():
+    """Found on the GPU machine by the small-device test above (a sequence true randomness drew; the
+    simulator's own, so it reproduces here in both builds): ``trim(wait=False)`` set free mappings aside
+    until their streams' work finished, in no free list; the reservation (twice the 16 MiB device)
+    was then carved to within 5 MiB of its end, and a request of 7.2 MiB with nothing live was refused
+    ("its virtual reservation is exhausted") while 16 MiB of the carved range waited in set-aside
+    mappings. The out-of-memory reclaim now waits for them first and takes their ranges back."""
+    program = [("alloc", 4092462, 2), ("alloc", 1617905, 0), ("alloc", 4590909, 1), ("free", 682281),
+               ("free", 626255), ("alloc", 7293896, 1), ("alloc", 5104080, 0), ("alloc", 4862151, 1),
+               ("free", 930269), ("free", 2267), ("free", 104794), ("free", 534356), ("trim_async",),
+               ("trim_async",), ("alloc", 5670274, 2), ("free", 720016), ("trim_async",), ("alloc", 7698893, 2),
+               ("free", 84165), ("trim_async",), ("alloc", 7563723, 0), ("free", 377179), ("trim_async",),
+               ("trim",), ("alloc", 7347853, 2), ("alloc", 4260504, 2), ("free", 540664)]
+    _run(1.0, "16 MiB", program, 16 * MiB, seed=285957204)
+
+
 def test_a_mapping_straddling_the_block_being_placed_does_not_refuse_a_request_with_nothing_live():
     """Found on the GPU machine by the small-device test above (a sequence true randomness drew): the
     free memory lay in two streams' free lists, then in one; the request's best place held part of a

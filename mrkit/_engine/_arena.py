@@ -200,6 +200,8 @@ class ChunkSource:
     * :meth:`fit` — placement: which free block serves a request (default: best fit).
     * :meth:`prepare` — make a block usable before it is handed out (VMM: map missing pages).
     * :meth:`give_back` — return one wholly free chunk (pool: upstream deallocate).
+    * :meth:`take_back_set_aside` — out of memory: memory the source set aside (in no free list)
+      returns to the free lists before the reclaim pools them.
     * :meth:`trim_upstream` — out of memory even after giving chunks back: let the upstream trim.
     """
 
@@ -246,6 +248,12 @@ class ChunkSource:
     def give_back(self, ptr: int, size: int, stream: Stream) -> None:
         """Return the wholly free chunk ``[ptr, ptr + size)`` (freed on ``stream``)."""
         raise NotImplementedError
+
+    def take_back_set_aside(self, arena: "Arena") -> bool:
+        """First step of the out-of-memory reclaim: return to the free lists whatever memory the source
+        holds aside, in no free list and not live (the VMM's mappings waiting, after a non-blocking
+        trim, for their streams' work), waiting for it if need be. True when anything came back."""
+        return False
 
     def trim_upstream(self) -> bool:
         """Last step of the out-of-memory reclaim, after the idle chunks went back: ask the upstream
@@ -534,7 +542,9 @@ class Arena:
                 self.retire_into(uid, st, into)
 
     def reclaim_and_retry(self, size: int, stream: Stream, st: StreamState, first: OutOfMemoryError) -> int:
-        """The source refused: pool everything, return idle chunks, retry once."""
+        """The source refused: take back what the source set aside, pool everything, return idle
+        chunks, retry once."""
+        self.source.take_back_set_aside(self)
         self.quiesce(st)
         st.flush(self.boundaries)
         ptr = st.free.take(size)

@@ -837,6 +837,15 @@ class _VirtualChunks(ChunkSource):
             self._pending_bytes += sum(r[4] - r[3] for r in runs)
         return released + self._drain_pending(wait=False)
 
+    def take_back_set_aside(self, arena) -> bool:
+        # out of memory (the reservation carved to its end, or the device full): the mappings a
+        # non-blocking trim set aside hold carved ranges in no free list; wait for their streams,
+        # release them (what the trim asked for) and give their ranges back to the free lists
+        if not self._pending:
+            return False
+        self._drain_pending(wait=True)
+        return True
+
     def _drain_pending(self, wait: bool) -> int:
         """Release set-aside mappings whose events completed (all of them when ``wait``); their
         virtual ranges go back to the free list of the stream that gave them up."""
