@@ -2,6 +2,7 @@
 # Bisect a crash that comes now and then: each subset of test files in SUBSETS (';' between subsets)
 # runs COPIES times, all at once, on the cuda backend with a C backtrace on a crash; VERBOSE=1 names
 # each module Python clears at exit (the last one before a crash at exit is being cleared).
+# PLUGIN_COPIES=N: the first N copies of each subset also run the pytest plugin tools/diag/foreign_at_exit.py.
 # $OUT/sub_<i>_<k>.txt; a table of return codes at the end.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -12,7 +13,8 @@ IFS=';' read -ra subsets <<< "$SUBSETS"
 for i in "${!subsets[@]}"; do
   for k in $(seq ${COPIES:-2}); do
     extra=""; [ "${VERBOSE:-0}" = 1 ] && extra="PYTHONVERBOSE=1"
-    ( env $extra LD_PRELOAD=$OUT/libsegv.so timeout ${HUNT_TIME:-200} python3 -X faulthandler -m pytest -q \
+    plug=""; [ $k -le ${PLUGIN_COPIES:-0} ] && plug="-p foreign_at_exit"
+    ( env $extra PYTHONPATH=$PYTHONPATH:$PWD/tools/diag LD_PRELOAD=$OUT/libsegv.so timeout ${HUNT_TIME:-200} python3 -X faulthandler -m pytest -q $plug \
         -p no:cacheprovider --deselect tests/test_threads.py::test_eight_threads_with_release_every_millisecond_on_the_gpu \
         ${subsets[$i]} > "$OUT/sub_${i}_$k.txt" 2>&1; echo "rc=$?" >> "$OUT/sub_${i}_$k.txt" ) &
   done
