@@ -189,6 +189,27 @@ class Event:
 
 _foreign: "weakref.WeakKeyDictionary[object, Stream]" = weakref.WeakKeyDictionary()
 
+# Packages whose stream classes are Python classes or Cython extension types: either way the object
+# drops its weak references when it dies (CPython's subtype_dealloc, or Cython's generated dealloc).
+_CLEARS_WEAKREFS = frozenset({"cupy", "cupy_backends", "cuda", "numba", "mrkit"})
+_weakref_safe_types: dict = {}
+
+
+def _weakref_safe(tp: type) -> bool:
+    """Whether objects of ``tp`` drop their weak references when they die, so that mrkit may watch one
+    through a weak reference. The class that gave ``tp`` its weak-reference slot decides: in one made by
+    a class statement (its ``__weakref__`` descriptor is CPython's) CPython clears them; a C extension
+    type clears them in its own dealloc, which the packages in ``_CLEARS_WEAKREFS`` do and others may not (a PyTorch CUDA stream freed its
+    memory with a weak reference still pointing at it: the reference then read freed memory, and the
+    process crashed at exit when the cache of foreign streams was cleared)."""
+    safe = _weakref_safe_types.get(tp)
+    if safe is None:
+        giver = next((c for c in reversed(tp.__mro__) if c.__weakrefoffset__), None)
+        safe = giver is not None and ("__weakref__" in giver.__dict__
+                                      or (giver.__module__ or "").split(".")[0] in _CLEARS_WEAKREFS)
+        _weakref_safe_types[tp] = safe
+    return safe
+
 
 def _foreign_handle(obj) -> int:
     proto = getattr(type(obj), "__cuda_stream__", None)
@@ -223,6 +244,9 @@ def as_stream(obj, driver: Driver | None = None) -> Stream:
         return Stream.wrap(obj, driver=driver)
     if isinstance(obj, Stream):
         return obj
+    if not _weakref_safe(type(obj)):
+        # no weak reference to it (it could outlive the object): a view made each time, holding it
+        return Stream.wrap(_foreign_handle(obj), driver=driver, owner=obj)
     try:
         cached = _foreign.get(obj)
     except TypeError:  # not hashable / not weak-referenceable: convert every time

@@ -11,7 +11,7 @@ from mrkit import (
     DEFAULT_STREAM, CudaMemoryResource, DeviceMemoryResource, HostMemoryResource, LimitingAdaptor,
     OutOfMemoryError, PoolResource, Stream, StreamOrderViolation,
 )
-from mrkit.driver import SimDeviceSpec, SimDriver
+from mrkit.driver import SimDeviceSpec, SimDriver, set_backend
 from mrkit.testing import make_state_machine
 
 
@@ -337,6 +337,52 @@ def test_foreign_stream_collected_and_its_handle_reused():
     q = pool.allocate(1 << 20, b)  # takes the collected stream's memory: after a device synchronise
     assert q == p and old not in recorded
     drv.touch(q, 1 << 20, b.handle)  # ordered after the old kernel: no violation
+
+
+def test_a_foreign_stream_whose_type_may_not_clear_weak_references_is_held_not_watched():
+    """Found on the GPU machine (a crash at interpreter exit, one run in two): a foreign stream object
+    whose weak-reference slot comes from a C extension type that does not clear weak references when
+    the object dies (a PyTorch CUDA stream) left ``as_stream``'s cache of foreign streams with a weak
+    reference to freed memory, which read garbage (a dict) and crashed the process when the cache was
+    cleared at exit. Such an object is never watched through a weak reference: each conversion is a view
+    that holds it (alive while the view lives); an object of a class statement is still cached and
+    watched weakly, so that it can be collected (and destroy its stream)."""
+    import functools
+    import gc
+    import weakref
+
+    from mrkit._stream import as_stream
+
+    drv = SimDriver()
+    set_backend(drv)
+    h = drv.stream_create(0)
+
+    class CExtensionStream(functools.partial):  # its weak-reference slot is a C type's (not mrkit's to trust)
+        def __cuda_stream__(self):
+            return (0, h)
+
+    class PythonStream:  # its weak-reference slot is CPython's own
+        def __cuda_stream__(self):
+            return (0, h)
+
+    c = CExtensionStream(print)
+    first, second = as_stream(c), as_stream(c)
+    assert weakref.getweakrefcount(c) == 0  # nothing can outlive it
+    assert first.handle == second.handle == h and first == second and first.alive is True
+    assert first._owner_ref is c  # held by the view
+    pool = PoolResource(CudaMemoryResource(driver=drv))
+    p = pool.allocate(1 << 20, c)
+    pool.deallocate(p, 1 << 20, c)
+    assert pool.allocate(1 << 20, c) == p  # the same stream's cache, conversion after conversion
+    pool.deallocate(p, 1 << 20, c)
+
+    py = PythonStream()
+    assert as_stream(py) is as_stream(py) and weakref.getweakrefcount(py) == 2  # cached, watched weakly
+    view = as_stream(py)
+    del py
+    gc.collect()
+    assert view.alive is False  # the owner was collected
+    drv.stream_destroy(h)
 
 
 def test_release_waits_only_for_the_streams_that_freed_memory():
