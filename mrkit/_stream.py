@@ -245,8 +245,9 @@ def as_stream(obj, driver: Driver | None = None) -> Stream:
     if isinstance(obj, Stream):
         return obj
     if not _weakref_safe(type(obj)):
-        # no weak reference to it (it could outlive the object): a view made each time, holding it
-        return Stream.wrap(_foreign_handle(obj), driver=driver, owner=obj)
+        # no weak reference to it (one could outlive the object): converted each time, as a raw handle
+        # is, and as for a raw handle mrkit cannot tell whether the stream still exists (alive is None)
+        return Stream.wrap(_foreign_handle(obj), driver=driver)
     try:
         cached = _foreign.get(obj)
     except TypeError:  # not hashable / not weak-referenceable: convert every time

@@ -339,14 +339,15 @@ def test_foreign_stream_collected_and_its_handle_reused():
     drv.touch(q, 1 << 20, b.handle)  # ordered after the old kernel: no violation
 
 
-def test_a_foreign_stream_whose_type_may_not_clear_weak_references_is_held_not_watched():
+def test_a_foreign_stream_whose_type_may_not_clear_weak_references_is_never_watched_weakly():
     """Found on the GPU machine (a crash at interpreter exit, one run in two): a foreign stream object
     whose weak-reference slot comes from a C extension type that does not clear weak references when
     the object dies (a PyTorch CUDA stream) left ``as_stream``'s cache of foreign streams with a weak
     reference to freed memory, which read garbage (a dict) and crashed the process when the cache was
-    cleared at exit. Such an object is never watched through a weak reference: each conversion is a view
-    that holds it (alive while the view lives); an object of a class statement is still cached and
-    watched weakly, so that it can be collected (and destroy its stream)."""
+    cleared at exit. Such an object is never watched through a weak reference: it is converted at each
+    use, as a raw handle is, and like a raw handle mrkit cannot tell whether its stream still exists
+    (``alive`` is None: hand-overs from it synchronise the device); an object of a class statement is
+    still cached and watched weakly, so that it can be collected (and destroy its stream)."""
     import functools
     import gc
     import weakref
@@ -368,8 +369,8 @@ def test_a_foreign_stream_whose_type_may_not_clear_weak_references_is_held_not_w
     c = CExtensionStream(print)
     first, second = as_stream(c), as_stream(c)
     assert weakref.getweakrefcount(c) == 0  # nothing can outlive it
-    assert first.handle == second.handle == h and first == second and first.alive is True
-    assert first._owner_ref is c  # held by the view
+    assert first.handle == second.handle == h and first == second and first.alive is None
+    assert first._owner_ref is None  # not held either: its lifetime is its owner's
     pool = PoolResource(CudaMemoryResource(driver=drv))
     p = pool.allocate(1 << 20, c)
     pool.deallocate(p, 1 << 20, c)
