@@ -199,9 +199,10 @@ def _weakref_safe(tp: type) -> bool:
     """Whether objects of ``tp`` drop their weak references when they die, so that mrkit may watch one
     through a weak reference. The class that gave ``tp`` its weak-reference slot decides: in one made by
     a class statement (its ``__weakref__`` descriptor is CPython's) CPython clears them; a C extension
-    type clears them in its own dealloc, which the packages in ``_CLEARS_WEAKREFS`` do and others may not (a PyTorch CUDA stream freed its
-    memory with a weak reference still pointing at it: the reference then read freed memory, and the
-    process crashed at exit when the cache of foreign streams was cleared)."""
+    type clears them in its own dealloc, which the packages in ``_CLEARS_WEAKREFS`` do and others may
+    not (a PyTorch CUDA stream freed its memory with a weak reference still pointing at it: the
+    reference then read freed memory, and the process crashed at exit when the cache of foreign
+    streams was cleared)."""
     safe = _weakref_safe_types.get(tp)
     if safe is None:
         giver = next((c for c in reversed(tp.__mro__) if c.__weakrefoffset__), None)

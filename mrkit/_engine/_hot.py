@@ -351,10 +351,10 @@ def route_paths(arena, *, device_id: int, get_device, elsewhere, current_stream,
     ``memory`` (CuPy's ``UnownedMemory(ptr, size, owner, device_id)``) whose owner is the block's stream
     and whose finalizer is the free path itself (``n`` the rounded size; ``size == 0`` gives
     ``pointer(memory(0, 0, None, device_id), 0)``; anything but an int ``>= 0`` is a ``TypeError`` or
-    ``ValueError`` naming ``size``, :func:`rounded_size`). A block goes back when the last reference to its memory object dies (Python
-    runs finalizers before the collector clears a cycle, and ``ptr`` is not an object field, so a block
-    in a garbage cycle is freed once). The memory object frees the block itself: the collector tracks
-    one object per block fewer than with a separate owner. ``get_device()`` names the caller's current
+    ``ValueError`` naming ``size``, :func:`rounded_size`). A block goes back when the last reference
+    to its memory object dies (Python runs finalizers before the collector clears a cycle, and ``ptr``
+    is not an object field, so a block in a garbage cycle is freed once); no separate owner object is
+    made per block. ``get_device()`` names the caller's current
     device (a dispatcher that has read it passes it, ``route(size, device)``); when it is not
     ``device_id`` the call is ``elsewhere(size, device)``'s. While ``exiting[0]`` is true (interpreter
     exit) every free is counted in ``late[0]``, and one that fails in ``late[1]`` instead of being

@@ -454,9 +454,7 @@ class _VirtualChunks(ChunkSource):
             # block being placed and free pages beside it can neither move nor go while the block is
             # placed there, and its free pages count against the bound)
             st = self.arena.state(stream)
-            changed = bool(self._pending)
-            if changed:
-                self._drain_pending(wait=True)
+            changed = self.take_back_set_aside(self.arena)
             if any(o is not st and (o.free or o.cached()) for o in list(self.arena.states.values())):
                 self.arena.quiesce(st)
                 changed = True
@@ -838,9 +836,9 @@ class _VirtualChunks(ChunkSource):
         return released + self._drain_pending(wait=False)
 
     def take_back_set_aside(self, arena) -> bool:
-        # out of memory (the reservation carved to its end, or the device full): the mappings a
-        # non-blocking trim set aside hold carved ranges in no free list; wait for their streams,
-        # release them (what the trim asked for) and give their ranges back to the free lists
+        # out of memory (the reservation carved to its end, the device full) or refused by the limit:
+        # the mappings a non-blocking trim set aside hold carved ranges in no free list; wait for their
+        # streams, release them (what the trim asked for) and give their ranges back to the free lists
         if not self._pending:
             return False
         self._drain_pending(wait=True)
