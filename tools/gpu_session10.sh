@@ -9,8 +9,7 @@ export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 PYTHONPATH=$PWD
 timeout 60 env MRKIT_BUILD_INPLACE=1 python3 setup.py > "$OUT/build.txt" 2>&1; echo "build rc=$?" >> "$OUT/build.txt"
 gcc -shared -fPIC -O1 -o "$OUT/libsegv.so" tools/diag/segv_backtrace.c
 timeout 60 python3 tools/diag/probe_weakrefs.py > "$OUT/weakrefs.txt" 2>&1; cat "$OUT/weakrefs.txt"
-files=$(ls tests/test_*.py | grep -v -e test_mutations.py -e test_gpu_dask.py -e test_examples.py)
-g0=$(echo "$files" | awk 'NR % 2 == 1'); g1=$(echo "$files" | awk 'NR % 2 == 0')
+g0=$(bash tools/suite_group.sh 0); g1=$(bash tools/suite_group.sh 1)
 desel=(--deselect tests/test_threads.py::test_eight_threads_with_release_every_millisecond_on_the_gpu)
 export MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=dev
 for k in $(seq ${COPIES:-4}); do

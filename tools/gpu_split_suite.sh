@@ -5,8 +5,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 timeout 60 env MRKIT_BUILD_INPLACE=1 python3 setup.py > "$OUT/build.txt" 2>&1; echo "build rc=$?" >> "$OUT/build.txt"
-files=$(ls tests/test_*.py | grep -v -e test_mutations.py -e test_gpu_dask.py -e test_examples.py)
-g0=$(echo "$files" | awk 'NR % 2 == 1'); g1=$(echo "$files" | awk 'NR % 2 == 0')
+g0=$(bash tools/suite_group.sh 0); g1=$(bash tools/suite_group.sh 1)
 run() {
   MRKIT_TEST_BACKEND=cuda MRKIT_REQUIRE_GPU=1 HYPOTHESIS_PROFILE=dev timeout ${SUITE_TIME:-300} python3 -X faulthandler -m pytest \
     -q -p no:cacheprovider -rfEs --durations=5 \
