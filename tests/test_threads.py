@@ -228,6 +228,61 @@ def test_vmm_out_of_memory_moves_racing_allocation_lose_nothing(limit):
         s.close()
 
 
+def test_reservation_running_out_beside_non_blocking_trims_loses_nothing():
+    """The out-of-memory reclaim's first step under threads: a VMM whose reservation is small (64 MiB)
+    runs out of it while ``trim(wait=False)`` sets free mappings aside beside four threads, each on its
+    own stream, writing every block it gets (so the set-aside mappings wait for queued work). The
+    reclaim takes them back (waits, releases them, returns their ranges to the free lists); a request
+    is refused only with an out-of-memory error, no block is handed out twice, and at the end every
+    page is back with the driver."""
+    drv = SimDriver(devices=[SimDeviceSpec(total_memory=1 << 30)], policy="random", seed=5)
+    streams = [Stream.create(driver=drv) for _ in range(4)]
+    handed, took_back = HandOuts(), []
+    vmm = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size=64 * MiB, max_mapping="8 MiB"),
+                                driver=drv)
+    real = vmm._src.take_back_set_aside
+
+    def take_back(arena):
+        got = real(arena)
+        took_back.append(got)
+        return got
+
+    vmm._src.take_back_set_aside = take_back
+
+    def worker(seed, s, errors):
+        rng = random.Random(seed)
+        try:
+            live = []
+            for _ in range(300):
+                if live and (len(live) > 2 or rng.random() < 0.4):
+                    p, n = live.pop(rng.randrange(len(live)))
+                    handed.gave(p)
+                    vmm.deallocate(p, n, s)
+                    continue
+                n = rng.randint(1, 12 * MiB)
+                try:
+                    p = vmm.allocate(n, s)
+                except OutOfMemoryError:
+                    continue
+                handed.took(p)
+                drv.memset_async(p, 1, n, s.handle)
+                live.append((p, n))
+            for p, n in live:
+                handed.gave(p)
+                vmm.deallocate(p, n, s)
+        except BaseException as exc:  # pragma: no cover - reported by _race
+            errors.append(exc)
+
+    _race([lambda errors, i=i, s=s: worker(i, s, errors) for i, s in enumerate(streams)],
+          lambda: vmm.trim(wait=False), period=0.0005)
+    assert any(took_back)  # the reclaim found set-aside mappings and took them back
+    assert vmm.live_bytes == 0
+    vmm.trim()
+    assert vmm.mapped_bytes == 0 and vmm.physical_bytes == 0
+    vmm.close()
+    assert drv.mapped_bytes() == 0 and drv.mem_get_info(0)[0] == 1 << 30
+
+
 def test_footprint_limit_refusal_path_racing_allocation_loses_nothing():
     """Issue 33's refusal path under threads: with ``footprint_limit=1.0`` a request past the bound
     first releases what a non-blocking trim set aside, takes the other streams' free memory over
