@@ -218,6 +218,8 @@ def _foreign_handle(obj) -> int:
         info = obj.__cuda_stream__()
         if not (isinstance(info, tuple) and len(info) == 2 and info[0] == 0 and isinstance(info[1], int)):
             raise TypeError(f"stream: {type(obj).__name__}.__cuda_stream__() must return (0, handle), got {info!r}")
+        if info[1] < 0:
+            raise ValueError(f"stream handle must be >= 0, got {info[1]} from {type(obj).__name__}.__cuda_stream__()")
         return info[1]
     mod = type(obj).__module__ or ""
     name = type(obj).__name__

@@ -465,3 +465,18 @@ def test_a_free_on_a_collected_foreign_stream_waits_and_uses_the_default_stream(
     mr.deallocate(p, 4096, s)
     assert mr.live_bytes == 0
     sim.ctx_synchronize(0)
+
+
+def test_a_negative_handle_from_cuda_stream_is_a_value_error_naming_the_stream(sim):
+    """``__cuda_stream__`` returning a negative handle reached the driver (``CUDAError`` from
+    ``cuStreamGetId``); it is refused as a raw negative handle is, naming the method, state unchanged."""
+    from mrkit import DeviceMemoryResource, PoolResource
+
+    class Neg:
+        def __cuda_stream__(self):
+            return (0, -3)
+
+    pool = PoolResource(DeviceMemoryResource(0))
+    with pytest.raises(ValueError, match=r"stream handle must be >= 0, got -3 from Neg.__cuda_stream__\(\)"):
+        pool.allocate(256, Neg())
+    assert pool.live_bytes == 0 and pool.pool_size == 0
