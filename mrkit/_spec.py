@@ -142,12 +142,13 @@ _SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...], int]] = {
     # name: (positional, keyword-only, required positionals)
     "device": (("device",), (), 0), "vmm": (("device",), (), 0), "cuda": (("device",), (), 0),
     "managed": (("device",), (), 0), "pinned": ((), (), 0), "host": ((), (), 0),
-    "pool": (("upstream", "initial_size", "maximum_size"), ("min_chunk", "growth_factor"), 0),
+    "pool": (("upstream", "initial_size", "maximum_size"), ("min_chunk", "large_chunk", "growth_factor"), 0),
     "binning": (("upstream", "max_bin"), ("chunk_size",), 1),
     "statistics": (("upstream",), (), 1), "tracking": (("upstream",), (), 1),
     "limiting": (("upstream", "limit"), (), 2), "logging": (("upstream", "path"), ("buffer_lines", "flush_interval"), 2),
 }
 _KIND = {"device": "device", "upstream": "mr", "initial_size": "size", "maximum_size": "size", "min_chunk": "size",
+         "large_chunk": "size",
          "max_bin": "size", "chunk_size": "size", "limit": "size", "path": "path", "buffer_lines": "size",
          "growth_factor": "number", "flush_interval": "number"}
 _LEAVES = ("device", "vmm", "cuda", "managed")

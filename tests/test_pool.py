@@ -9,7 +9,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from mrkit import (
     DEFAULT_STREAM, CudaMemoryResource, DeviceMemoryResource, HostMemoryResource, LimitingAdaptor,
-    OutOfMemoryError, PoolResource, Stream, StreamOrderViolation,
+    OutOfMemoryError, PoolResource, Stream, StreamOrderViolation, resource_from_spec,
 )
 from mrkit.driver import SimDeviceSpec, SimDriver, set_backend
 from mrkit.testing import make_state_machine
@@ -482,7 +482,7 @@ def test_a_miss_coalesces_the_cache_first_so_best_fit_sees_every_free_block():
     not repeat coalesces into the free list as it is freed: the request takes the just-freed block
     that fits it best."""
     drv = SimDriver([SimDeviceSpec(total_memory=64 << 20)])
-    pool = PoolResource(CudaMemoryResource(driver=drv), min_chunk=1 << 20, growth_factor=0)
+    pool = PoolResource(CudaMemoryResource(driver=drv), min_chunk=1 << 20, large_chunk=0, growth_factor=0)
     s, MiB = DEFAULT_STREAM, 1 << 20
     x, y = pool.allocate(8 * MiB, s), pool.allocate(3 * MiB, s)
     pool.deallocate(x, 8 * MiB, s)
@@ -539,7 +539,7 @@ def test_a_cached_block_of_a_larger_hot_size_serves_a_miss_it_fits_best():
     """The cache is part of best fit: a miss takes a cached block of a larger hot size when no free
     block fits closer, and its remainder coalesces into the free list."""
     drv = SimDriver([SimDeviceSpec(total_memory=64 << 20)])
-    pool = PoolResource(CudaMemoryResource(driver=drv), min_chunk=1 << 20, growth_factor=0)
+    pool = PoolResource(CudaMemoryResource(driver=drv), min_chunk=1 << 20, large_chunk=0, growth_factor=0)
     s, MiB = DEFAULT_STREAM, 1 << 20
     for _ in range(2):  # 3 MiB becomes hot
         pool.deallocate(pool.allocate(3 * MiB, s), 3 * MiB, s)
@@ -652,3 +652,54 @@ def test_a_bad_request_to_a_resource_nobody_holds_is_the_precise_error(backend, 
     on the vanished owner)."""
     with pytest.raises(err, match="^nbytes must be"):
         PoolResource(DeviceMemoryResource(0, driver=backend)).allocate(bad, DEFAULT_STREAM)
+
+
+def test_a_request_between_one_mebibyte_and_large_chunk_grows_the_pool_by_large_chunk(backend):
+    """PyTorch's segments, in the pool's terms: a request of more than 1 MiB and less than ``large_chunk``
+    (32 MiB by default) takes a chunk of ``large_chunk``, so that a workload of such sizes fills a few
+    chunks whose free blocks coalesce, not one chunk per request (162 chunks against 34 on RMM's random
+    workload to 8 MiB); a small request still takes ``min_chunk``, a larger one exactly its size."""
+    s = DEFAULT_STREAM
+    pool = PoolResource(CudaMemoryResource())
+    assert pool.large_chunk == 32 << 20
+    small = pool.allocate(1 << 20, s)  # 1 MiB is not more than 1 MiB: min_chunk
+    assert pool.pool_size == 2 << 20
+    mid = [pool.allocate(3 << 20, s) for _ in range(10)]  # 30 MiB in one chunk of 32 MiB
+    assert pool.pool_size == (2 << 20) + (32 << 20) and len(pool.arena.chunks) == 2
+    big = pool.allocate(40 << 20, s)  # past large_chunk: exactly its size
+    assert pool.pool_size == (2 << 20) + (32 << 20) + (40 << 20)
+    for p in mid:
+        pool.deallocate(p, 3 << 20, s)
+    pool.arena.states[s.uid].flush(pool.arena.boundaries)
+    assert (32 << 20) in [n for n, _ in pool.arena.states[s.uid].free.blocks()]  # the ten coalesced whole
+    pool.deallocate(small, 1 << 20, s)
+    pool.deallocate(big, 40 << 20, s)
+    assert pool.release() == (2 << 20) + (32 << 20) + (40 << 20) and pool.pool_size == 0
+
+    exact = PoolResource(CudaMemoryResource(), large_chunk=0)  # 0: no such rule, as before
+    p = exact.allocate(3 << 20, s)
+    assert exact.pool_size == 3 << 20
+    exact.deallocate(p, 3 << 20, s)
+    assert exact.release() == 3 << 20
+    assert resource_from_spec("pool(cuda, large_chunk=8MiB)").large_chunk == 8 << 20  # the spec's name too
+
+
+def test_large_chunk_yields_to_maximum_size_and_to_an_upstream_that_refuses_it(backend):
+    s = DEFAULT_STREAM
+    capped = PoolResource(CudaMemoryResource(), maximum_size="20 MiB")
+    p = capped.allocate(3 << 20, s)
+    assert capped.pool_size == 20 << 20  # the chunk stops at maximum_size
+    capped.deallocate(p, 3 << 20, s)
+    capped.release()
+    tight = PoolResource(LimitingAdaptor(CudaMemoryResource(), 10 << 20))
+    p = tight.allocate(3 << 20, s)  # the upstream refuses 32 MiB: the pool asks for the request alone
+    assert tight.pool_size == 3 << 20
+    tight.deallocate(p, 3 << 20, s)
+    assert tight.release() == 3 << 20
+
+
+@pytest.mark.parametrize("value, error, match", [
+    (-1, ValueError, "large_chunk"), ("many", ValueError, "large_chunk"), (1.5, TypeError, "large_chunk")])
+def test_a_bad_large_chunk_is_refused_naming_it(backend, value, error, match):
+    with pytest.raises(error, match=match):
+        PoolResource(CudaMemoryResource(), large_chunk=value)

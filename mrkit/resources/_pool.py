@@ -10,19 +10,24 @@ from ..driver import Driver
 
 __all__ = ["PoolResource", "UpstreamCachingResource", "UpstreamChunks"]
 
+_MEDIUM = 1 << 20  # requests past this size and below ``large_chunk`` share chunks of ``large_chunk``
+
 
 class UpstreamChunks(ChunkSource):
     """Chunks allocated from an upstream resource and given back to it whole."""
 
-    __slots__ = ("upstream", "maximum_size", "growth_factor", "min_chunk")
+    __slots__ = ("upstream", "maximum_size", "growth_factor", "min_chunk", "large_chunk")
 
-    def __init__(self, upstream: MemoryResource, maximum_size, growth_factor: float, min_chunk: int) -> None:
+    def __init__(self, upstream: MemoryResource, maximum_size, growth_factor: float, min_chunk: int,
+                 large_chunk: int = 0) -> None:
         self.upstream, self.maximum_size = upstream, maximum_size
-        self.growth_factor, self.min_chunk = growth_factor, min_chunk
+        self.growth_factor, self.min_chunk, self.large_chunk = growth_factor, min_chunk, large_chunk
 
     def grow(self, arena: Arena, size: int, stream: Stream, exact: bool):
         held = arena.held
-        want = size if exact else max(size, self.min_chunk, int(held * self.growth_factor) & -GRAIN)
+        # a request of more than 1 MiB and less than large_chunk takes a chunk of large_chunk
+        least = self.large_chunk if _MEDIUM < size < self.large_chunk else self.min_chunk
+        want = size if exact else max(size, least, int(held * self.growth_factor) & -GRAIN)
         if self.maximum_size is not None:
             room = self.maximum_size - held
             if size > room:
@@ -89,9 +94,13 @@ class PoolResource(UpstreamCachingResource):
     **Allocation.** Sizes round up to 256 bytes. A request is served, in order, from: the exact-size
     cache of the requesting stream (the fast path: a dict look-up and a list pop); that stream's
     coalesced free list (best fit); the other streams' free memory (below); a new upstream chunk. Each
-    chunk is at least ``min_chunk`` bytes and at least ``growth_factor`` times what the pool already
-    holds (1.0 doubles the pool like RMM's; the default 0.0 grows by what is needed), within
-    ``maximum_size``. RMM's ``initial_pool_size=``/``maximum_pool_size=`` are accepted as keywords,
+    chunk is at least ``min_chunk`` bytes (2 MiB), at least ``large_chunk`` bytes (32 MiB) for a request
+    of more than 1 MiB and less than ``large_chunk`` (PyTorch's caching allocator has the same two
+    kinds of segment, of 2 and 20 MiB: blocks of a few MiB then share chunks and coalesce, where a
+    chunk each would keep every free block apart; ``large_chunk=0`` turns this off), and at least
+    ``growth_factor`` times what the pool already holds (1.0 doubles the pool like RMM's; the default
+    0.0 grows by what is needed), within ``maximum_size``. When the upstream refuses the larger chunk,
+    the pool asks for the request alone. RMM's ``initial_pool_size=``/``maximum_pool_size=`` are accepted as keywords,
     and CuPy's ``used_bytes()``/``total_bytes()``/``free_all_blocks()`` as methods.
 
     **Streams.** Free memory belongs to the stream it was freed on, keyed by the stream's unique id
@@ -120,7 +129,7 @@ class PoolResource(UpstreamCachingResource):
 
     def __init__(self, upstream: MemoryResource, initial_size: int | str | None = None,
                  maximum_size: int | str | None = None, *, growth_factor: float = 0.0,
-                 min_chunk: int | str = 2 << 20, driver: Driver | None = None,
+                 min_chunk: int | str = 2 << 20, large_chunk: int | str = 32 << 20, driver: Driver | None = None,
                  initial_pool_size: int | str | None = None, maximum_pool_size: int | str | None = None) -> None:
         lo_name, hi_name = "initial_size", "maximum_size"  # errors name the keyword the caller used
         if initial_pool_size is not None:  # RMM's names
@@ -141,7 +150,8 @@ class PoolResource(UpstreamCachingResource):
         if not growth_factor >= 0 or growth_factor == float("inf"):
             raise ValueError(f"growth_factor must be a finite number >= 0, got {growth_factor}")
         self._source = UpstreamChunks(upstream, maximum, float(growth_factor),
-                                      -(-parse_size(min_chunk, "min_chunk") // GRAIN) * GRAIN)
+                                      -(-parse_size(min_chunk, "min_chunk") // GRAIN) * GRAIN,
+                                      -(-parse_size(large_chunk, "large_chunk") // GRAIN) * GRAIN)
         # Host-only memory is not stream ordered: one shared free list for every stream.
         self._attach(Arena(self._source, self, device_id=self.device_id, driver=self.driver,
                            ordered=upstream.device_accessible))
@@ -165,6 +175,11 @@ class PoolResource(UpstreamCachingResource):
     @property
     def min_chunk(self) -> int:
         return self._source.min_chunk
+
+    @property
+    def large_chunk(self) -> int:
+        """The chunk a request of more than 1 MiB and less than this takes (0: none)."""
+        return self._source.large_chunk
 
     @property
     def pool_size(self) -> int:
