@@ -8,7 +8,7 @@
 # PROBE=1 ends with tools/probe_py_batch.py (the Python build's cupy.empty batch round by round, misses
 # and collections counted). NO_SUITE=1 skips both suites; OLD_SCRIPTS=1 runs OLD's own benchmark
 # scripts for OLD (an A/B of the benchmarks themselves, the engine alike). WORKLOAD=1 adds
-# bench_workload.py's pool and CuPy rows (three ranges, fresh processes). Summaries in $OUT/*.txt;
+# bench_workload.py's pool and CuPy rows (three ranges, fresh processes; OLD's too, with OLD's script). Summaries in $OUT/*.txt;
 # SUITE_TIME, PY_TIME, AB_TIME, PROBE_TIME (seconds).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1
@@ -45,4 +45,9 @@ if [ "${WORKLOAD:-0}" = 1 ]; then
   PYTHONPATH=$PWD timeout ${WORKLOAD_TIME:-150} python3 benchmarks/bench_workload.py --ops 1000 --timeout 20 \
     --no-fragmentation --only "mrkit pool,cupy MemoryPool" --json "$OUT/workload.json" > "$OUT/workload.txt" 2>&1
   tail -n 12 "$OUT/workload.txt"
+  if [ -n "${OLD:-}" ]; then  # the earlier tree's pool beside CuPy, its own script
+    PYTHONPATH=$PWD/$OLD timeout ${WORKLOAD_TIME:-150} python3 $OLD/benchmarks/bench_workload.py --ops 1000 --timeout 20 \
+      --no-fragmentation --only "mrkit pool,cupy MemoryPool" --json "$OUT/workload_old.json" > "$OUT/workload_old.txt" 2>&1
+    tail -n 12 "$OUT/workload_old.txt"
+  fi
 fi

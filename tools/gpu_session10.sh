@@ -3,7 +3,7 @@
 # the GPU suite's second group (as tools/gpu_split_suite.sh deals it, the group that crashed at exit one
 # run in two) COPIES times, the first group once and the Python build's GPU tests, all at once; then
 # bench_core.py (compiled, this tree's scripts; with OLD, that tree's own scripts first, for an A/B of
-# the benchmarks themselves) and the Python build. Summaries on stdout, details in $OUT.
+# the benchmarks themselves) and the Python build (BENCH=0: the suites alone). Summaries on stdout, details in $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 PYTHONPATH=$PWD
 timeout 60 env MRKIT_BUILD_INPLACE=1 python3 setup.py > "$OUT/build.txt" 2>&1; echo "build rc=$?" >> "$OUT/build.txt"
@@ -23,6 +23,7 @@ wait
 for f in "$OUT"/g1_*.txt "$OUT/g0.txt" "$OUT/py.txt"; do echo "$(basename $f): $(grep -E 'passed|failed' $f | tail -n 1) $(tail -n 1 $f)"; done
 grep -l "Fatal Python error" "$OUT"/*.txt
 unset MRKIT_TEST_BACKEND MRKIT_REQUIRE_GPU
+[ "${BENCH:-1}" = 0 ] && exit 0
 bench() {  # label, scripts' tree, extra env
   echo "== $1" >> "$OUT/bench.txt"
   env ${3:-} timeout ${AB_TIME:-45} python3 $2/benchmarks/bench_core.py --quick --rounds ${ROUNDS:-3} --json "$OUT/core_$1.json" 2>&1 \

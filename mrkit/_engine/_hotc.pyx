@@ -1302,10 +1302,15 @@ cdef class _Base:
         ``st``: the stream's state as the take found it; still attached (a state leaves the table only
         retired, its cache None), it is registered in C, else the table's state through Python."""
         if self.missed.note_c(<u64>size):
-            if st is not None and st.cache is not None:  # still the table's state (rule 4)
-                self.register(st, size)
-            else:
-                self.arena.state(stream).register(size, self.boundaries)
+            self.missed_again_hot(size, stream, st)
+        return 0
+
+    cdef int missed_again_hot(self, object size, object stream, StateFields st) except -1:
+        """``size`` (an int) turned hot for ``stream``: registered (see :meth:`missed_again`)."""
+        if st is not None and st.cache is not None:  # still the table's state (rule 4)
+            self.register(st, size)
+        else:
+            self.arena.state(stream).register(size, self.boundaries)
         return 0
 
     cdef int register(self, StateFields st, object size) except -1:
@@ -1314,7 +1319,8 @@ cdef class _Base:
         cache = st.cache
         if cache is None or size in <dict>cache:
             return 0
-        st.rehot.discard(size)
+        if st.rehot:
+            st.rehot.discard(size)
         cdef list hot = st.hot
         if len(hot) >= _MAX_HOT:
             st.flush(self.boundaries)
@@ -1343,7 +1349,7 @@ cdef class _Base:
         """The end of ``Arena.free_block`` (lock held) for a state in the table, ``lst`` its cache
         list for ``size`` or None: the list (a size hot again after a flush gets one), else the free
         list."""
-        if lst is None and size in st.rehot:  # StreamState.hot_again
+        if lst is None and st.rehot and size in st.rehot:  # StreamState.hot_again (most states have none)
             self.register(st, size)
             lst = (<dict>st.cache).get(size)
         if lst is None:
@@ -1367,6 +1373,38 @@ cdef class _Base:
             self.lock.give()
         return ptr
 
+    cdef inline object locked_take_u(self, u64 size, object stream, object nbytes, u64 n):
+        """:meth:`locked_take` for an exact int request ``nbytes`` (``n`` its value, ``size`` its cache
+        size): no int is made for the size unless Python code needs one (:meth:`take_u`)."""
+        cdef u64 k
+        if not self.lock.take():
+            self.arena.nested_allocation(nbytes)
+        try:
+            if self.deferred:
+                self.arena.apply_deferred()
+            ptr = self.take_u(size, stream)
+            if not _key_of(ptr, &k):  # (every placement returns an address; as AddressTable.put)
+                raise TypeError(f"a block address must be an int in [0, 2**64 - 1), not {ptr!r}")
+            self.live.put_u(k, n)
+            if self.deferred:
+                self.arena.apply_deferred()
+        finally:
+            self.lock.give()
+        return ptr
+
+    cdef object take_u(self, u64 size, object stream):
+        """:meth:`take_c` for a C size: the default placement without an int for ``size`` (made for
+        the arena's ``find`` and when the size turns hot); any other placement through :meth:`take_c`."""
+        cdef StateFields st = self.state_of(stream)
+        if st is None or not self.default_fit:
+            return self.take_c(size, stream)
+        ptr = self.best_fit(st, size)
+        if ptr is None:
+            ptr = self.find(size, stream, True)
+        if self.missed.note_c(size):  # missed_again, the size an int only now
+            self.missed_again_hot(size, stream, st)
+        return ptr
+
     cdef inline int cache_or_free(self, object ptr, u64 size, object stream) except -1:
         """Put a freed block (no longer live; ``size`` its cache size) in its stream's cache if the
         size is hot, else in the free list under the lock; rule 3 (publish, then validate) as in the
@@ -1387,18 +1425,22 @@ cdef class _Base:
                 known = True
         return self.free_locked(ptr, size, stream, st if known else None)
 
-    cdef int free_locked(self, object ptr, object size, object stream, StateFields known) except -1:
-        # (``size`` an int: the C value of cache_or_free becomes one here, off the lock-free path)
+    cdef int free_locked(self, object ptr, u64 size, object stream, StateFields known) except -1:
         """The rest of :meth:`cache_or_free` (kept out of the lock-free part, which the hot path
         inlines): into the free list under the lock, or deferred (rule 8: a free never waits for it).
         ``known``: the stream's state, seen in the same step to have no list for the size (no Python
-        code ran since, the GIL being held throughout: it is still in the table, still without one)."""
+        code ran since, the GIL being held throughout: it is still in the table, still without one).
+        ``size`` becomes an int only where Python code needs one (a deferred free, a size hot again, a
+        stream without a state)."""
         if not self.lock.try_take():
             self.deferred.append((ptr, size, stream))
             return 0
         try:
             if known is not None:
-                self.free_into(known, ptr, size, None)
+                if known.rehot:  # a size hot again after a flush gets its list (StreamState.hot_again)
+                    self.free_into(known, ptr, size, None)
+                else:
+                    known.free.insert_c(ptr, size, self.boundaries)
             else:
                 self.free_block_c(ptr, size, stream)
             if self.deferred:
@@ -1454,6 +1496,7 @@ cdef class PlainPaths(_Base):
             if ptr is not None:
                 self.live.put_u(<u64>ptr, n)
                 return ptr
+            return self.locked_take_u((n + 255) & ~(<u64>255), stream, nbytes, n)
         size = self.size_of(nbytes)
         if size is None:
             return self.allocate_slow(nbytes, stream, alignment)
@@ -1565,8 +1608,7 @@ cdef class HookPaths(_Base):
             return self.malloc_other(n, stream)
         ptr = self.cached_pop(stream, (n + 255) & ~(<u64>255))
         if ptr is None:
-            nbytes = n
-            ptr = self.locked_take(self.size_of(nbytes), stream, nbytes)
+            ptr = self.locked_take_u((n + 255) & ~(<u64>255), stream, n, n)
         else:
             self.live.put_u(<u64>ptr, n)
         _key_of(ptr, &p)  # an address the engine made
