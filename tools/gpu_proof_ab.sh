@@ -9,7 +9,8 @@
 # and collections counted). NO_SUITE=1 skips both suites; OLD_SCRIPTS=1 runs OLD's own benchmark
 # scripts for OLD (an A/B of the benchmarks themselves, the engine alike). WORKLOAD=1 adds
 # bench_workload.py's pool and CuPy rows (three ranges, fresh processes; OLD's too, with OLD's script). Summaries in $OUT/*.txt;
-# SUITE_TIME, PY_TIME, AB_TIME, PROBE_TIME (seconds).
+# SUITE_TIME, PY_TIME, AB_TIME, PROBE_TIME (seconds); CORE_ARGS (bench_core.py's, default --quick --rounds 3),
+# WORKLOAD_ARGS (bench_workload.py's, default --ops 1000 --timeout 20).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1
 if [ "${NO_SUITE:-0}" != 1 ]; then
@@ -22,7 +23,7 @@ fi
 bench() {  # label, tree, extra env, scripts' tree (default: this one)
   echo "== $1" >> "$OUT/ab.txt"
   if [ "${AB_BENCH:-route}" = core ]; then
-    env PYTHONPATH=$2 ${3:-} timeout ${AB_TIME:-45} python3 ${4:-$PWD}/benchmarks/bench_core.py --quick --rounds 3 2>&1 \
+    env PYTHONPATH=$2 ${3:-} timeout ${AB_TIME:-45} python3 ${4:-$PWD}/benchmarks/bench_core.py ${CORE_ARGS:---quick --rounds 3} 2>&1 \
       | grep -E "^core:|x$" >> "$OUT/ab.txt"
   else
     PYTHONPATH=$2 timeout ${AB_TIME:-60} python3 ${4:-$PWD}/benchmarks/bench_cupy_route.py --rounds 2 >> "$OUT/ab.txt" 2>&1
@@ -42,11 +43,11 @@ if [ "${PROBE:-0}" = 1 ]; then
   head -n 30 "$OUT/pybatch.txt"
 fi
 if [ "${WORKLOAD:-0}" = 1 ]; then
-  PYTHONPATH=$PWD timeout ${WORKLOAD_TIME:-150} python3 benchmarks/bench_workload.py --ops 1000 --timeout 20 \
+  PYTHONPATH=$PWD timeout ${WORKLOAD_TIME:-150} python3 benchmarks/bench_workload.py ${WORKLOAD_ARGS:---ops 1000 --timeout 20} \
     --no-fragmentation --only "mrkit pool,cupy MemoryPool" --json "$OUT/workload.json" > "$OUT/workload.txt" 2>&1
   tail -n 12 "$OUT/workload.txt"
   if [ -n "${OLD:-}" ]; then  # the earlier tree's pool beside CuPy, its own script
-    PYTHONPATH=$PWD/$OLD timeout ${WORKLOAD_TIME:-150} python3 $OLD/benchmarks/bench_workload.py --ops 1000 --timeout 20 \
+    PYTHONPATH=$PWD/$OLD timeout ${WORKLOAD_TIME:-150} python3 $OLD/benchmarks/bench_workload.py ${WORKLOAD_ARGS:---ops 1000 --timeout 20} \
       --no-fragmentation --only "mrkit pool,cupy MemoryPool" --json "$OUT/workload_old.json" > "$OUT/workload_old.txt" 2>&1
     tail -n 12 "$OUT/workload_old.txt"
   fi
