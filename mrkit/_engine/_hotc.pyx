@@ -1214,12 +1214,10 @@ cdef class _Base:
         cdef StateFields st = self.state_of(stream)
         if st is None:
             return self.take(size, stream)
-        ptr = None
         if self.default_fit:
-            if _as_u64(size, &n):  # else nothing fits
-                ptr = self.best_fit(st, n)
-            if ptr is None:
-                ptr = self.find(size, stream, True)
+            if _as_u64(size, &n):
+                return self.fit_default(st, n, stream)
+            ptr = self.find(size, stream, True)  # nothing fits
         elif self.pages_fit and (self.live.used or self.aligned) and _as_u64(size, &n):
             # the source's plain placement (ChunkSource.plain_pages), step for step: the stream's cached
             # blocks coalesced first, then best fit keeping the block that ends at the top for last;
@@ -1238,6 +1236,17 @@ cdef class _Base:
             if self.prepare is not None:
                 ptr = self.prepare(self.arena, ptr, size, stream)
         self.missed_again(size, stream, st)
+        return ptr
+
+    cdef inline object fit_default(self, StateFields st, u64 n, object stream):
+        """The default placement of ``take_c`` for ``n`` bytes (a cache size) on ``st``, the stream's
+        state (lock held): best fit, else ``Arena.find``, then the miss counted (``missed_again``),
+        ``n`` an int only where Python code needs one (``find``, a size turning hot)."""
+        ptr = self.best_fit(st, n)
+        if ptr is None:
+            ptr = self.find(n, stream, True)
+        if self.missed.note_c(n):
+            self.missed_again_hot(n, stream, st)
         return ptr
 
     cdef bint covered(self, u64 p, u64 n) except -1:
@@ -1345,13 +1354,15 @@ cdef class _Base:
             return 0
         return self.free_into(st, ptr, size, (<dict>st.cache).get(size))  # never retired (rule 4)
 
-    cdef int free_into(self, StateFields st, object ptr, object size, object lst) except -1:
+    cdef int free_into(self, StateFields st, object ptr, u64 size, object lst) except -1:
         """The end of ``Arena.free_block`` (lock held) for a state in the table, ``lst`` its cache
         list for ``size`` or None: the list (a size hot again after a flush gets one), else the free
         list."""
-        if lst is None and st.rehot and size in st.rehot:  # StreamState.hot_again (most states have none)
-            self.register(st, size)
-            lst = (<dict>st.cache).get(size)
+        if lst is None and st.rehot:  # StreamState.hot_again (most states have no size to look for)
+            key = size  # the int, made only here
+            if key in st.rehot:
+                self.register(st, key)
+                lst = (<dict>st.cache).get(key)
         if lst is None:
             st.free.insert_c(ptr, size, self.boundaries)
         else:
@@ -1359,51 +1370,45 @@ cdef class _Base:
             st.maybe_cached = True
         return 0
 
-    cdef inline object locked_take(self, object size, object stream, object nbytes):
+    cdef inline object locked_take(self, u64 size, object stream, object nbytes, u64 n, object big):
+        """The locked step of an allocation of ``nbytes``: ``n`` its value and ``size`` its cache size as
+        C values (an exact int request, the usual case: no int is made for the size unless Python code
+        needs one, see :meth:`take_u`), or ``n`` 0 and ``big`` its cache size as an int (past ``2**62``,
+        which the placement refuses)."""
+        cdef u64 k
         if not self.lock.take():  # a finalizer allocating inside this thread's locked step
             self.arena.nested_allocation(nbytes)
         try:
             if self.deferred:  # frees made while the lock was taken: in their lists before the fit
                 self.arena.apply_deferred()
-            ptr = self.take_c(size, stream)
-            self.live.put(ptr, nbytes)
+            if n:
+                ptr = self.take_u(size, stream)
+                if not _key_of(ptr, &k):  # (every placement returns an address; as AddressTable.put)
+                    raise TypeError(f"a block address must be an int in [0, 2**64 - 1), not {ptr!r}")
+                self.live.put_u(k, n)
+            else:
+                ptr = self.take_c(big, stream)
+                self.live.put(ptr, nbytes)
             if self.deferred:
                 self.arena.apply_deferred()
         finally:
             self.lock.give()
         return ptr
 
-    cdef inline object locked_take_u(self, u64 size, object stream, object nbytes, u64 n):
-        """:meth:`locked_take` for an exact int request ``nbytes`` (``n`` its value, ``size`` its cache
-        size): no int is made for the size unless Python code needs one (:meth:`take_u`)."""
-        cdef u64 k
-        if not self.lock.take():
-            self.arena.nested_allocation(nbytes)
-        try:
-            if self.deferred:
-                self.arena.apply_deferred()
-            ptr = self.take_u(size, stream)
-            if not _key_of(ptr, &k):  # (every placement returns an address; as AddressTable.put)
-                raise TypeError(f"a block address must be an int in [0, 2**64 - 1), not {ptr!r}")
-            self.live.put_u(k, n)
-            if self.deferred:
-                self.arena.apply_deferred()
-        finally:
-            self.lock.give()
-        return ptr
+    cdef inline object locked_take_int(self, object size, object stream, object nbytes):
+        """:meth:`locked_take` for a request whose cache size ``size`` is an int already."""
+        cdef u64 n
+        if _request(nbytes, &n):
+            return self.locked_take((n + 255) & ~(<u64>255), stream, nbytes, n, None)
+        return self.locked_take(0, stream, nbytes, 0, size)
 
-    cdef object take_u(self, u64 size, object stream):
-        """:meth:`take_c` for a C size: the default placement without an int for ``size`` (made for
-        the arena's ``find`` and when the size turns hot); any other placement through :meth:`take_c`."""
+    cdef inline object take_u(self, u64 size, object stream):
+        """:meth:`take_c` for a C size: the default placement without an int for ``size``
+        (:meth:`fit_default`); any other placement through :meth:`take_c`."""
         cdef StateFields st = self.state_of(stream)
-        if st is None or not self.default_fit:
-            return self.take_c(size, stream)
-        ptr = self.best_fit(st, size)
-        if ptr is None:
-            ptr = self.find(size, stream, True)
-        if self.missed.note_c(size):  # missed_again, the size an int only now
-            self.missed_again_hot(size, stream, st)
-        return ptr
+        if st is not None and self.default_fit:
+            return self.fit_default(st, size, stream)
+        return self.take_c(size, stream)
 
     cdef inline int cache_or_free(self, object ptr, u64 size, object stream) except -1:
         """Put a freed block (no longer live; ``size`` its cache size) in its stream's cache if the
@@ -1437,10 +1442,7 @@ cdef class _Base:
             return 0
         try:
             if known is not None:
-                if known.rehot:  # a size hot again after a flush gets its list (StreamState.hot_again)
-                    self.free_into(known, ptr, size, None)
-                else:
-                    known.free.insert_c(ptr, size, self.boundaries)
+                self.free_into(known, ptr, size, None)
             else:
                 self.free_block_c(ptr, size, stream)
             if self.deferred:
@@ -1496,11 +1498,11 @@ cdef class PlainPaths(_Base):
             if ptr is not None:
                 self.live.put_u(<u64>ptr, n)
                 return ptr
-            return self.locked_take_u((n + 255) & ~(<u64>255), stream, nbytes, n)
+            return self.locked_take((n + 255) & ~(<u64>255), stream, nbytes, n, None)
         size = self.size_of(nbytes)
         if size is None:
             return self.allocate_slow(nbytes, stream, alignment)
-        return self.locked_take(size, stream, nbytes)
+        return self.locked_take(0, stream, nbytes, 0, size)  # an int past 2**62
 
     def deallocate(self, ptr, nbytes, stream, alignment=256):
         """Return ``ptr`` (``nbytes`` as allocated) on ``stream``."""
@@ -1562,7 +1564,7 @@ cdef class CountingPaths(_Base):
                     self.counted[ptr] = k
                     self.events.append(k)
                 return ptr
-            ptr = self.locked_take(size, stream, nbytes)
+            ptr = self.locked_take_int(size, stream, nbytes)
         self.counted[ptr] = nbytes
         self.events.append(nbytes)
         return ptr
@@ -1608,7 +1610,7 @@ cdef class HookPaths(_Base):
             return self.malloc_other(n, stream)
         ptr = self.cached_pop(stream, (n + 255) & ~(<u64>255))
         if ptr is None:
-            ptr = self.locked_take_u((n + 255) & ~(<u64>255), stream, n, n)
+            ptr = self.locked_take((n + 255) & ~(<u64>255), stream, n, n, None)
         else:
             self.live.put_u(<u64>ptr, n)
         _key_of(ptr, &p)  # an address the engine made
@@ -1633,7 +1635,7 @@ cdef class HookPaths(_Base):
         """A request the cache cannot serve, on ``stream``: zero, other integer types and bad sizes
         (the arena's checked path), or past ``2**62`` (the locked path, which refuses it)."""
         size = _fast_rounded(nbytes)
-        ptr = self.allocate_slow(nbytes, stream, 256) if size is None else self.locked_take(size, stream, nbytes)
+        ptr = self.allocate_slow(nbytes, stream, 256) if size is None else self.locked_take_int(size, stream, nbytes)
         if ptr:
             self.where[ptr] = stream
         return ptr

@@ -13,6 +13,11 @@ __all__ = ["PoolResource", "UpstreamCachingResource", "UpstreamChunks"]
 _MEDIUM = 1 << 20  # requests past this size and below ``large_chunk`` share chunks of ``large_chunk``
 
 
+def _grains(value, name: str) -> int:
+    """A size argument (an int or a size string) rounded up to whole grains of the engine."""
+    return -(-parse_size(value, name) // GRAIN) * GRAIN
+
+
 class UpstreamChunks(ChunkSource):
     """Chunks allocated from an upstream resource and given back to it whole."""
 
@@ -25,7 +30,6 @@ class UpstreamChunks(ChunkSource):
 
     def grow(self, arena: Arena, size: int, stream: Stream, exact: bool):
         held = arena.held
-        # a request of more than 1 MiB and less than large_chunk takes a chunk of large_chunk
         least = self.large_chunk if _MEDIUM < size < self.large_chunk else self.min_chunk
         want = size if exact else max(size, least, int(held * self.growth_factor) & -GRAIN)
         if self.maximum_size is not None:
@@ -141,7 +145,7 @@ class PoolResource(UpstreamCachingResource):
                 raise TypeError("give maximum_size or maximum_pool_size (RMM's name), not both")
             maximum_size, hi_name = maximum_pool_size, "maximum_pool_size"
         self._set_upstream(upstream, driver)
-        initial = -(-parse_size(0 if initial_size is None else initial_size, lo_name) // GRAIN) * GRAIN
+        initial = _grains(0 if initial_size is None else initial_size, lo_name)
         maximum = None if maximum_size is None else parse_size(maximum_size, hi_name)
         if maximum is not None and initial > maximum:
             raise ValueError(f"{lo_name} {initial} exceeds {hi_name} {maximum}")
@@ -149,9 +153,8 @@ class PoolResource(UpstreamCachingResource):
             raise TypeError(f"growth_factor must be a number, not {type(growth_factor).__name__}")
         if not growth_factor >= 0 or growth_factor == float("inf"):
             raise ValueError(f"growth_factor must be a finite number >= 0, got {growth_factor}")
-        self._source = UpstreamChunks(upstream, maximum, float(growth_factor),
-                                      -(-parse_size(min_chunk, "min_chunk") // GRAIN) * GRAIN,
-                                      -(-parse_size(large_chunk, "large_chunk") // GRAIN) * GRAIN)
+        self._source = UpstreamChunks(upstream, maximum, float(growth_factor), _grains(min_chunk, "min_chunk"),
+                                      _grains(large_chunk, "large_chunk"))
         # Host-only memory is not stream ordered: one shared free list for every stream.
         self._attach(Arena(self._source, self, device_id=self.device_id, driver=self.driver,
                            ordered=upstream.device_accessible))
