@@ -22,7 +22,7 @@ class OptionalBuildExt(build_ext):
             self._skip(exc)
 
     def build_extensions(self):
-        # the free list re-keys tree nodes in place (std::map/std::set::extract): C++17
+        # C++17 (the free list's containers, mrkit/_engine/_freetree.h)
         flag = "/std:c++17" if self.compiler.compiler_type == "msvc" else "-std=c++17"
         for ext in self.extensions:
             ext.extra_compile_args = [*ext.extra_compile_args, flag]

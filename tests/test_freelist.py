@@ -174,3 +174,42 @@ def test_the_compiled_free_list_answers_as_the_python_one(ops, cuts):
             py.insert(ptr, size, boundaries)
             cc.insert(ptr, size, boundaries)
     assert cc.items() == py.items() and cc.blocks() == py.blocks()
+
+
+@pytest.mark.skipif(_hotc is None, reason="the compiled core is not built here")
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_free_list_agrees_across_many_leaves(seed):
+    """Thousands of free blocks (the compiled indexes hold 64 keys a leaf): leaves split as blocks are
+    freed apart, merge and empty as they are taken, and keys move across leaves as blocks are cut and
+    joined; the twins agree after every step, and every byte comes back as one block."""
+    import random
+    rnd = random.Random(seed)
+    boundaries = {BASE + c * 4096 * G for c in range(1, 4)}
+    py, cc = _freelist.FreeList(), _hotc.FreeList()
+    for fl in (py, cc):  # four chunks, as a pool grows
+        for c in range(4):
+            fl.insert(BASE + c * 4096 * G, 4096 * G, boundaries)
+    live, peak = [], 0
+    for step in range(6000):
+        if step < 2500 or rnd.random() < 0.4 or not live:  # fill, then free at random (holes everywhere)
+            n = rnd.choice((1, 2, 3, rnd.randint(1, 64))) * G
+            got = py.take(n)
+            assert cc.take(n) == got
+            if got is not None:
+                live.append((got, n))
+        else:
+            ptr, n = live.pop(rnd.randrange(len(live)))
+            py.insert(ptr, n, boundaries)
+            cc.insert(ptr, n, boundaries)
+        peak = max(peak, len(cc))
+        if step % 97 == 0:
+            assert cc.items() == py.items() and cc.blocks() == py.blocks()
+            assert len(cc) == len(py) and cc.total() == py.total() and cc.largest() == py.largest()
+            q = rnd.randrange(16384) * G
+            assert cc.fits(q or G) == py.fits(q or G) and cc.candidates(q or G, 5) == py.candidates(q or G, 5)
+    for ptr, n in live:
+        py.insert(ptr, n, boundaries)
+        cc.insert(ptr, n, boundaries)
+    assert peak > 200, "the workload did not spread over several leaves"
+    assert cc.items() == py.items() == [(BASE + c * 4096 * G, 4096 * G) for c in range(4)]
+    _check(cc, boundaries)

@@ -28,11 +28,8 @@ from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF, Py_XDECREF
 cimport cython
 from cython.operator cimport dereference as deref, preincrement as inc
-from libcpp.map cimport map as cmap
-from libcpp.set cimport set as cset
 from libcpp.utility cimport pair
 from libcpp.vector cimport vector
-from libcpp.algorithm cimport lower_bound
 from cpython.list cimport PyList_GET_ITEM
 from libc.stdint cimport intptr_t
 from libc.stdlib cimport calloc, free, malloc, realloc
@@ -56,8 +53,6 @@ cdef extern from "Python.h":
 
 
 ctypedef unsigned long long u64
-ctypedef pair[u64, u64] SizePtr
-ctypedef cset[SizePtr].iterator SizeIt  # a free block's node in a FreeList's size tree
 
 
 cdef inline Py_ssize_t _bisect(list a, u64 v) except -1:
@@ -109,134 +104,89 @@ cdef extern from *:
     object _pop_keep "mrkit_list_pop_keep"(list lst)
 
 
-cdef extern from *:
-    """
-    #include <iterator>
-    #include <map>
-    #include <set>
-    #include <utility>
-    /* Re-key a free block's node in the size tree to (size, ptr), reusing the node (no allocation);
-       its new position. */
-    template <class S>
-    static inline typename S::iterator mrkit_fl_rekey(S &by_size, typename S::iterator sit,
-                                                      unsigned long long size, unsigned long long ptr) {
-        auto sn = by_size.extract(sit);
-        sn.value() = std::make_pair(size, ptr);
-        return by_size.insert(std::move(sn)).position;
-    }
-    /* Move a free block's entry in the address tree to a new end, reusing the node, at its old place
-       (the caller guarantees that no other block ends between the old and the new end). */
-    template <class A>
-    static inline void mrkit_fl_move_end(A &by_addr, typename A::iterator ait, unsigned long long end) {
-        auto hint = std::next(ait);
-        auto an = by_addr.extract(ait);
-        an.key() = end;
-        by_addr.insert(hint, std::move(an));
-    }
-    """
-    SizeIt _fl_rekey "mrkit_fl_rekey"(cset[SizePtr]& by_size, SizeIt sit, u64 size, u64 ptr)
-    void _fl_move_end "mrkit_fl_move_end"(cmap[u64, SizeIt]& by_addr, cmap[u64, SizeIt].iterator ait, u64 end)
+cdef extern from "_freetree.h":
+    ctypedef struct MkKey:
+        u64 hi
+        u64 lo
+    ctypedef struct MkPos:
+        size_t i
+        size_t j
+    cdef cppclass MkSorted:
+        size_t size()
+        bint valid(const MkPos &p)
+        const MkKey &at(const MkPos &p)
+    cdef cppclass MkFreeList:
+        u64 free_bytes
+        size_t count()
+        void add(u64 ptr, u64 size) except +
+        bint remove(u64 ptr, u64 size)
+        void neighbours(u64 ptr, u64 size, bint *has_prev, MkKey *prev, bint *has_next, u64 *next_size)
+        void insert(u64 ptr, u64 size, bint has_prev, MkKey prev, bint has_next, u64 nsize) except +
+        MkPos best(u64 n)
+        u64 cut_at(const MkPos &p, u64 n) except +
+        bint take(u64 n, bint has_spare, u64 spare, u64 *out) except +
+        bint size_at(u64 ptr, u64 *out)
+        bint ending_at(u64 e, u64 *out)
+        bint cut(u64 block, u64 at, u64 n) except +
+        void candidates(u64 n, size_t k, vector[MkKey] &out) except +
+        void blocks(vector[MkKey] &out) except +
+        void items(vector[MkKey] &out) except +
+        u64 largest()
+        const MkSorted &sizes()
+    size_t mk_lower_u64(const u64 *a, size_t n, u64 k)
+    cdef cppclass MkBounds:
+        bint has(u64 b)
+        void add(u64 b) except +
+        void discard(u64 b)
+        size_t size()
+        u64 get(size_t i)
 
 
 cdef class FreeList:
     """The compiled twin of :class:`mrkit._engine._freelist.FreeList`: the same methods and answers,
-    over two C++ trees: ``by_size`` (``(size, ptr)`` pairs, ordered: best fit, the lowest address
-    first among one size, is one ``lower_bound``) and ``by_addr`` (each block's *end* ``->`` its node in
-    ``by_size``, ordered). Keyed by the end, one search finds both neighbours of a block being freed
-    (the block ending at its start, and the next entry), a block cut from its start or joined by the
-    block below it keeps its address node, and a join needs no search of ``by_size``. No Python object
-    per free block. Touched only under its arena's lock."""
-    cdef cset[SizePtr] by_size
-    cdef cmap[u64, SizeIt] by_addr  # end -> size node
-    cdef u64 free_bytes
+    over two sorted indexes of C values (``_freetree.h``): by ``(size, ptr)`` (best fit, the lowest
+    address first among one size, is one search) and by ``(start, size)`` (one search finds both
+    neighbours of a block being freed). Each index is a sorted array in leaves of 64 keys, searched
+    without branches: a red-black tree's walk mispredicts about half its branches on random sizes.
+    No Python object per free block. Touched only under its arena's lock."""
+    cdef MkFreeList fl
 
     def __len__(self):
-        return self.by_addr.size()
+        return self.fl.count()
 
-    cdef inline void add_c(self, u64 ptr, u64 size):
-        self.by_addr[ptr + size] = self.by_size.insert(SizePtr(size, ptr)).first
-        self.free_bytes += size
-
-    cdef inline void remove_at(self, cmap[u64, SizeIt].iterator ait):
-        """Remove the free block at ``ait`` (an entry of ``by_addr``)."""
-        self.free_bytes -= deref(deref(ait).second).first
-        self.by_size.erase(deref(ait).second)
-        self.by_addr.erase(ait)
-
-    cdef inline cmap[u64, SizeIt].iterator starting_at(self, u64 ptr):
-        """The entry of the free block that starts at ``ptr``, or ``by_addr.end()``."""
-        cdef cmap[u64, SizeIt].iterator it = self.by_addr.upper_bound(ptr)  # the first block ending past ptr
-        if it != self.by_addr.end() and deref(deref(it).second).second != ptr:
-            return self.by_addr.end()
-        return it
+    cdef inline void add_c(self, u64 ptr, u64 size) except *:
+        self.fl.add(ptr, size)
 
     cdef int insert_c(self, u64 ptr, u64 size, object boundaries) except -1:
-        """Add a block, coalescing it with its free neighbours (never across a boundary); a block
-        that joins a neighbour takes over that neighbour's tree nodes."""
-        cdef u64 nxt = ptr + size, p, psize, nsize
-        cdef cmap[u64, SizeIt].iterator it = self.by_addr.lower_bound(ptr), pit, nit
-        cdef cmap[u64, SizeIt].iterator last = self.by_addr.end()
-        pit = nit = last
-        if it != last and deref(it).first == ptr:  # a free block ends where this one starts
-            pit = it
-            inc(it)
-        if it != last and deref(deref(it).second).second == nxt:  # and one starts where it ends
-            nit = it
-        if pit != last and _boundary(boundaries, ptr):
-            pit = last
-        if nit != last and _boundary(boundaries, nxt):
-            nit = last
-        if pit != last:  # the previous block grows upwards (and swallows the next one)
-            p, psize = deref(deref(pit).second).second, deref(deref(pit).second).first
-            if nit != last:  # the next block's address entry (its end) stays; the previous one's goes
-                nsize = deref(deref(nit).second).first
-                self.by_size.erase(deref(pit).second)
-                self.by_addr.erase(pit)
-                deref(nit).second = _fl_rekey(self.by_size, deref(nit).second, psize + size + nsize, p)
-            else:
-                deref(pit).second = _fl_rekey(self.by_size, deref(pit).second, psize + size, p)
-                _fl_move_end(self.by_addr, pit, nxt)
-        elif nit != last:  # the next block grows downwards: its end, and so its address entry, stay
-            nsize = deref(deref(nit).second).first
-            deref(nit).second = _fl_rekey(self.by_size, deref(nit).second, size + nsize, ptr)
-        else:
-            self.add_c(ptr, size)
-            return 0
-        self.free_bytes += size
+        """Add a block, coalescing it with its free neighbours (never across a boundary)."""
+        cdef bint has_prev, has_next
+        cdef MkKey prev
+        cdef u64 nsize = 0
+        self.fl.neighbours(ptr, size, &has_prev, &prev, &has_next, &nsize)
+        if has_prev and _boundary(boundaries, ptr):
+            has_prev = False
+        if has_next and _boundary(boundaries, ptr + size):
+            has_next = False
+        self.fl.insert(ptr, size, has_prev, prev, has_next, nsize)
         return 0
 
-    cdef bint take_u(self, u64 size, bint has_spare, u64 sp, u64 *out):
+    cdef bint take_u(self, u64 size, bint has_spare, u64 sp, u64 *out) except -1:
         """:meth:`take` in C values: true and the start of the block in ``out``, else false."""
-        cdef cset[SizePtr].iterator it = self.by_size.lower_bound(SizePtr(size, 0)), nx
-        if it == self.by_size.end():
-            return False
-        if has_spare and deref(it).second == sp:
-            nx = it
-            inc(nx)
-            if nx != self.by_size.end():  # another block of the size, else the next size up
-                it = nx
-        out[0] = self.cut_at(it, size)
-        return True
+        return self.fl.take(size, has_spare, sp, out)
 
-    cdef inline cset[SizePtr].iterator best_c(self, u64 size):
-        """Where best fit for ``size`` would cut (``by_size.end()``: nothing fits)."""
-        return self.by_size.lower_bound(SizePtr(size, 0))
+    cdef inline MkPos best_c(self, u64 size):
+        """Where best fit for ``size`` would cut (not :meth:`is_best`: nothing fits)."""
+        return self.fl.best(size)
 
-    cdef inline bint is_end(self, cset[SizePtr].iterator it):
-        return it == self.by_size.end()
+    cdef inline bint is_best(self, const MkPos &p):
+        return self.fl.sizes().valid(p)
 
-    cdef u64 cut_at(self, cset[SizePtr].iterator it, u64 size):
-        """Take ``size`` bytes from the start of the free block at ``it`` (which holds them); its start."""
-        cdef u64 bsize, ptr
-        bsize, ptr = deref(it).first, deref(it).second
-        self.free_bytes -= size
-        if bsize > size:  # the remainder keeps the block's nodes, its address entry (its end) unmoved
-            ait = self.by_addr.find(ptr + bsize)
-            deref(ait).second = _fl_rekey(self.by_size, it, bsize - size, ptr + size)
-        else:
-            self.by_addr.erase(ptr + bsize)
-            self.by_size.erase(it)
-        return ptr
+    cdef inline u64 size_of_best(self, const MkPos &p):
+        return self.fl.sizes().at(p).hi
+
+    cdef inline u64 cut_at(self, const MkPos &p, u64 size) except? 0:
+        """Take ``size`` bytes from the start of the free block at ``p`` (which holds them); its start."""
+        return self.fl.cut_at(p, size)
 
     def add(self, ptr, size):
         """Add a block without coalescing."""
@@ -245,12 +195,8 @@ cdef class FreeList:
     def remove(self, ptr, size):
         """Remove the free block ``[ptr, ptr + size)`` (it must be one: else KeyError)."""
         cdef u64 p, n
-        if not _as_u64(ptr, &p) or not _as_u64(size, &n):
+        if not _as_u64(ptr, &p) or not _as_u64(size, &n) or not self.fl.remove(p, n):
             raise KeyError(ptr)
-        cdef cmap[u64, SizeIt].iterator it = self.by_addr.find(p + n)
-        if it == self.by_addr.end() or deref(deref(it).second).first != n:
-            raise KeyError(ptr)
-        self.remove_at(it)
 
     def insert(self, ptr, size, boundaries):
         """Add a block, coalescing it with free neighbours on both sides (never across a boundary)."""
@@ -278,66 +224,48 @@ cdef class FreeList:
         cdef u64 n
         if not _as_u64(size, &n):
             return None
-        cdef cset[SizePtr].iterator it = self.best_c(n)
-        return None if self.is_end(it) else deref(it).first
+        cdef MkPos p = self.best_c(n)
+        return self.size_of_best(p) if self.is_best(p) else None
 
     def cut(self, block, at, size):
         """Take ``[at, at + size)`` out of the free block that starts at ``block``; the rest stays
         free. Returns ``at + size``."""
-        cdef u64 b = block, a = at, n = size, bsize, end
-        cdef cmap[u64, SizeIt].iterator it = self.starting_at(b)
-        if it == self.by_addr.end():
+        cdef u64 b = block, a = at, n = size
+        if not self.fl.cut(b, a, n):
             raise KeyError(block)
-        bsize = deref(deref(it).second).first
-        end = b + bsize
-        self.remove_at(it)
-        if a > b:
-            self.add_c(b, a - b)
-        if end > a + n:
-            self.add_c(a + n, end - a - n)
         return a + n
 
     def candidates(self, size, n):
         """Up to ``n`` blocks ``(size, ptr)`` that hold ``size``, best fit first."""
         cdef u64 s
-        cdef vector[SizePtr] got  # copied out first: making the tuples may run the collector
+        cdef vector[MkKey] got  # copied out first: making the tuples may run the collector
         if not _as_u64(size, &s) or n <= 0:
             return []
-        cdef cset[SizePtr].iterator it = self.by_size.lower_bound(SizePtr(s, 0))
-        while it != self.by_size.end() and <Py_ssize_t>got.size() < n:
-            got.push_back(deref(it))
-            inc(it)
-        return [(e.first, e.second) for e in got]
+        self.fl.candidates(s, <size_t>n, got)
+        return [(e.hi, e.lo) for e in got]
 
     def blocks(self):
         """Every free block as ``(size, ptr)``, smallest first, lowest address first within a size."""
-        cdef vector[SizePtr] got = vector[SizePtr](self.by_size.begin(), self.by_size.end())
-        return [(e.first, e.second) for e in got]
+        cdef vector[MkKey] got
+        self.fl.blocks(got)
+        return [(e.hi, e.lo) for e in got]
 
     def items(self):
         """Every free block as ``(ptr, size)``, lowest address first."""
-        cdef vector[SizePtr] got
-        cdef cmap[u64, SizeIt].iterator it = self.by_addr.begin()
-        while it != self.by_addr.end():
-            got.push_back(SizePtr(deref(deref(it).second).second, deref(deref(it).second).first))
-            inc(it)
-        return [(e.first, e.second) for e in got]
+        cdef vector[MkKey] got
+        self.fl.items(got)
+        return [(e.hi, e.lo) for e in got]
 
     def size_at(self, ptr):
         """The size of the free block that starts at ``ptr``, or None."""
-        cdef u64 p
-        if not _as_u64(ptr, &p):
+        cdef u64 p, n
+        if not _as_u64(ptr, &p) or not self.fl.size_at(p, &n):
             return None
-        cdef cmap[u64, SizeIt].iterator it = self.starting_at(p)
-        return None if it == self.by_addr.end() else deref(deref(it).second).first
+        return n
 
-    cdef bint ending_at_u(self, u64 e, u64 *out):
+    cdef inline bint ending_at_u(self, u64 e, u64 *out):
         """Whether a free block ends at ``e`` (its start in ``out``)."""
-        cdef cmap[u64, SizeIt].iterator it = self.by_addr.find(e)
-        if it == self.by_addr.end():
-            return False
-        out[0] = deref(deref(it).second).second
-        return True
+        return self.fl.ending_at(e, out)
 
     def ending_at(self, end):
         """The start of the free block that ends at ``end``, or None."""
@@ -348,38 +276,39 @@ cdef class FreeList:
 
     def absorb(self, FreeList other, boundaries):
         """Merge ``other`` into whichever of the two is larger and return that one."""
-        big, small = (self, other) if self.by_addr.size() >= other.by_addr.size() else (other, self)
+        big, small = (self, other) if self.fl.count() >= other.fl.count() else (other, self)
         for ptr, size in small.items():
             (<FreeList>big).insert_c(ptr, size, boundaries)
         return big
 
     def largest(self):
-        return 0 if self.by_size.empty() else deref(self.by_size.rbegin()).first
+        return self.fl.largest()
 
     def total(self):
-        return self.free_bytes
+        return self.fl.free_bytes
 
 
 cdef class Boundaries:
     """The compiled twin of the Python build's ``set`` of chunk bases (blocks never coalesce across
-    one): a C++ set, asked in C by :meth:`FreeList.insert` without making a Python int; from Python,
-    the set methods the engine uses (``add``, ``discard``, ``in``, ``len``, iteration)."""
-    cdef cset[u64] bases
+    one): a sorted C array (``_freetree.h``), asked in C by :meth:`FreeList.insert` without making a
+    Python int; from Python, the set methods the engine uses (``add``, ``discard``, ``in``, ``len``,
+    iteration)."""
+    cdef MkBounds bases
 
     def __init__(self, iterable=()):
         for b in iterable:
             self.add(b)
 
     cdef inline bint has(self, u64 b):
-        return self.bases.count(b) != 0
+        return self.bases.has(b)
 
     def add(self, b):
-        self.bases.insert(<u64>b)
+        self.bases.add(<u64>b)
 
     def discard(self, b):
         cdef u64 v
         if _as_u64(b, &v):
-            self.bases.erase(v)
+            self.bases.discard(v)
 
     def __contains__(self, b):
         cdef u64 v
@@ -389,8 +318,8 @@ cdef class Boundaries:
         return self.bases.size()
 
     def __iter__(self):
-        cdef vector[u64] got = vector[u64](self.bases.begin(), self.bases.end())
-        return iter([b for b in got])
+        cdef size_t i
+        return iter([self.bases.get(i) for i in range(self.bases.size())])
 
     def __repr__(self):
         return f"Boundaries({sorted(self)!r})"
@@ -1273,13 +1202,14 @@ cdef class _Base:
         """``StreamState.best_fit`` for ``n`` bytes (lock held): the free list searched once, for both
         the cached sizes worth a look and the block cut when none serves."""
         cdef FreeList free = st.free
-        cdef cset[SizePtr].iterator it = free.best_c(n)
-        cdef u64 best = (1ULL << 62) if free.is_end(it) else deref(it).first
+        cdef MkPos it = free.best_c(n)
+        cdef bint fits = free.is_best(it)
+        cdef u64 best = free.size_of_best(it) if fits else (1ULL << 62)
         if st.hot:
             ptr = self.take_cached(st, n, best)
             if ptr is not None:  # else nothing changed: it still points at the best fit
                 return ptr
-        if free.is_end(it):
+        if not fits:
             return None
         return free.cut_at(it, n)
 
@@ -1289,7 +1219,7 @@ cdef class _Base:
         if not st.indexed():
             st.reindex()
         cdef Py_ssize_t size = st.hot_sizes.size(), k, stop
-        cdef Py_ssize_t j = lower_bound(st.hot_sizes.begin(), st.hot_sizes.end(), n) - st.hot_sizes.begin()
+        cdef Py_ssize_t j = mk_lower_u64(st.hot_sizes.data(), size, n)  # branch-free
         cdef u64 s
         cdef list lst
         stop = min(j + _CACHE_WINDOW, size)
