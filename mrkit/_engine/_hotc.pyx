@@ -1137,9 +1137,7 @@ cdef class _Base:
         """``Arena.take`` (lock held) for a stream with a state: the default placement compiled
         (``StreamState.best_fit``), else the source's ``fit`` and ``prepare``; ``Arena.find`` when the
         fit fails, then ``missed_again``. A stream without a state: the arena's own."""
-        cdef u64 n, top = 0, p
-        cdef bint has_top
-        cdef FreeList free
+        cdef u64 n
         cdef StateFields st = self.state_of(stream)
         if st is None:
             return self.take(size, stream)
@@ -1148,16 +1146,7 @@ cdef class _Base:
                 return self.fit_default(st, n, stream)
             ptr = self.find(size, stream, True)  # nothing fits
         elif self.pages_fit and (self.live.used or self.aligned) and _as_u64(size, &n):
-            # the source's plain placement (ChunkSource.plain_pages), step for step: the stream's cached
-            # blocks coalesced first, then best fit keeping the block that ends at the top for last;
-            # pages mapped only where missing
-            if st.cached_c():
-                st.flush(self.boundaries)
-            free = st.free
-            has_top = free.ending_at_u(<u64>self.source.top, &top)
-            ptr = p if free.take_u(n, has_top, top, &p) else self.find(size, stream, True)
-            if not self.covered(ptr, n):  # the usual case: nothing to map, no call
-                ptr = self.prepare(self.arena, ptr, size, stream)
+            return self.fit_pages(st, n, stream)
         else:
             ptr = self.fit(self.arena, st, size)
             if ptr is None:
@@ -1174,6 +1163,27 @@ cdef class _Base:
         ptr = self.best_fit(st, n)
         if ptr is None:
             ptr = self.find(n, stream, True)
+        if self.missed.note_c(n):
+            self.missed_again_hot(n, stream, st)
+        return ptr
+
+    cdef object fit_pages(self, StateFields st, u64 n, object stream):
+        """The source's plain placement over pages (``ChunkSource.plain_pages``) of ``take_c`` for ``n``
+        bytes on ``st`` (lock held), step for step: the stream's cached blocks coalesced first, then
+        best fit keeping the block that ends at the top for last, pages mapped only where missing, then
+        the miss counted; ``n`` an int only where Python code needs one (``find``, ``prepare``, a size
+        turning hot)."""
+        cdef u64 top = 0, p
+        if st.cached_c():
+            st.flush(self.boundaries)
+        cdef FreeList free = st.free
+        cdef bint has_top = free.ending_at_u(<u64>self.source.top, &top)
+        if free.take_u(n, has_top, top, &p):
+            ptr = p
+        else:
+            ptr = self.find(n, stream, True)
+        if not self.covered(ptr, n):  # the usual case: nothing to map, no call
+            ptr = self.prepare(self.arena, ptr, n, stream)
         if self.missed.note_c(n):
             self.missed_again_hot(n, stream, st)
         return ptr
@@ -1333,11 +1343,14 @@ cdef class _Base:
         return self.locked_take(0, stream, nbytes, 0, size)
 
     cdef inline object take_u(self, u64 size, object stream):
-        """:meth:`take_c` for a C size: the default placement without an int for ``size``
-        (:meth:`fit_default`); any other placement through :meth:`take_c`."""
+        """:meth:`take_c` for a C size: the default placement and the plain one over pages without an int
+        for ``size`` (:meth:`fit_default`, :meth:`fit_pages`); any other placement through :meth:`take_c`."""
         cdef StateFields st = self.state_of(stream)
-        if st is not None and self.default_fit:
-            return self.fit_default(st, size, stream)
+        if st is not None:
+            if self.default_fit:
+                return self.fit_default(st, size, stream)
+            if self.pages_fit and (self.live.used or self.aligned):
+                return self.fit_pages(st, size, stream)
         return self.take_c(size, stream)
 
     cdef inline int cache_or_free(self, object ptr, u64 size, object stream) except -1:
