@@ -345,4 +345,7 @@ def test_extras_and_typing_marker():
         assert name in extras, name
     assert any("mrkit[" in d for d in extras["test"])  # test reuses the others
     assert os.path.exists(os.path.join(HERE, "mrkit", "py.typed"))
-    assert meta["tool"]["setuptools"]["package-data"]["mrkit"] == ["py.typed"]
+    data = meta["tool"]["setuptools"]["package-data"]["mrkit"]
+    assert "py.typed" in data
+    # the compiled core's C++ header ships beside its .pyx, so that an sdist builds the extension
+    assert "_engine/*.h" in data and os.path.exists(os.path.join(HERE, "mrkit", "_engine", "_freetree.h"))
