@@ -38,7 +38,7 @@ from ._freelist import FreeList
 
 __all__ = ["plain_paths", "counting_paths", "hook_paths", "route_paths", "rounded_size", "checked_free_args", "FreeList", "Misses", "Boundaries"]
 
-Boundaries = set  # chunk bases, blocks never coalesce across one (the compiled build's is a C++ set)
+Boundaries = set  # chunk bases, blocks never coalesce across one (the compiled build's is a sorted C array)
 
 
 class Misses:

@@ -15,7 +15,7 @@ device)``, ``void free(void *self, void *ptr, int device)``), the signature of C
 ``CFunctionAllocator``: no Python object per block, no frame per call.
 
 The locked miss path is compiled too: :class:`FreeList` (the twin of :mod:`mrkit._engine._freelist`:
-the same methods and answers, over C++ trees), :class:`StateFields` (a stream's state as C fields),
+the same methods and answers, over sorted C arrays searched without branches), :class:`StateFields` (a stream's state as C fields),
 :class:`Lock` (its state C fields under the GIL, knowing its owner; waiters sleep on a gate),
 :class:`Misses`, :class:`Boundaries` and, in :class:`_Base`, the arena's ``take`` for sources with
 the default placement or the plain placement over pages (``ChunkSource.plain_pages``: the VMM without
