@@ -1121,10 +1121,12 @@ cdef class _Base:
         remembered for the last cache dict and size that had a list (a cache dict never loses or
         replaces a list: only ``register`` adds one, and a flush swaps the whole dict, so while
         ``cache`` is that dict the list is that list; the dict is held, so its identity cannot be
-        reused); else the state's index while it stands for this dict and its sizes
-        (:meth:`StateFields.list_for`); else the dict itself."""
+        reused); None at once for an empty dict (no int made); else the state's index while it stands
+        for this dict and its sizes (:meth:`StateFields.list_for`); else the dict itself."""
         if cache is self.memo_cache and size == self.memo_usize:
             return self.memo_list
+        if not (<dict>cache):  # no size is hot on this stream (a workload of sizes that never repeat)
+            return None
         if st.index_cache is cache and st.index_len == len(st.hot):
             lst = st.list_for(size)
         else:
