@@ -27,8 +27,6 @@ Python code.
 from cpython.dict cimport PyDict_GetItem, PyDict_Next
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF, Py_XDECREF
 cimport cython
-from cython.operator cimport dereference as deref, preincrement as inc
-from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 from cpython.list cimport PyList_GET_ITEM
 from libc.stdint cimport intptr_t
@@ -154,9 +152,6 @@ cdef class FreeList:
     def __len__(self):
         return self.fl.count()
 
-    cdef inline void add_c(self, u64 ptr, u64 size) except *:
-        self.fl.add(ptr, size)
-
     cdef int insert_c(self, u64 ptr, u64 size, object boundaries) except -1:
         """Add a block, coalescing it with its free neighbours (never across a boundary)."""
         cdef bint has_prev, has_next
@@ -190,7 +185,7 @@ cdef class FreeList:
 
     def add(self, ptr, size):
         """Add a block without coalescing."""
-        self.add_c(ptr, size)
+        self.fl.add(ptr, size)
 
     def remove(self, ptr, size):
         """Remove the free block ``[ptr, ptr + size)`` (it must be one: else KeyError)."""
@@ -1136,19 +1131,21 @@ cdef class _Base:
         return lst
 
     cdef object take_c(self, object size, object stream):
-        """``Arena.take`` (lock held) for a stream with a state: the default placement compiled
-        (``StreamState.best_fit``), else the source's ``fit`` and ``prepare``; ``Arena.find`` when the
-        fit fails, then ``missed_again``. A stream without a state: the arena's own."""
+        """``Arena.take`` (lock held) for a cache size given as an int: :meth:`take_u` when it is a C
+        value, else :meth:`take_other` (past ``2**64``)."""
         cdef u64 n
-        cdef StateFields st = self.state_of(stream)
+        if _as_u64(size, &n):
+            return self.take_u(n, stream)
+        return self.take_other(size, stream, self.state_of(stream))
+
+    cdef object take_other(self, object size, object stream, StateFields st):
+        """``Arena.take`` (lock held) where no compiled placement serves: a stream without a state (the
+        arena's own), a size past what the default placement can hold (``Arena.find``), the source's
+        ``fit`` and ``prepare`` (``Arena.find`` when the fit fails); then ``missed_again``."""
         if st is None:
             return self.take(size, stream)
         if self.default_fit:
-            if _as_u64(size, &n):
-                return self.fit_default(st, n, stream)
             ptr = self.find(size, stream, True)  # nothing fits
-        elif self.pages_fit and (self.live.used or self.aligned) and _as_u64(size, &n):
-            return self.fit_pages(st, n, stream)
         else:
             ptr = self.fit(self.arena, st, size)
             if ptr is None:
@@ -1159,18 +1156,17 @@ cdef class _Base:
         return ptr
 
     cdef inline object fit_default(self, StateFields st, u64 n, object stream):
-        """The default placement of ``take_c`` for ``n`` bytes (a cache size) on ``st``, the stream's
+        """The default placement of ``take_u`` for ``n`` bytes (a cache size) on ``st``, the stream's
         state (lock held): best fit, else ``Arena.find``, then the miss counted (``missed_again``),
         ``n`` an int only where Python code needs one (``find``, a size turning hot)."""
         ptr = self.best_fit(st, n)
         if ptr is None:
             ptr = self.find(n, stream, True)
-        if self.missed.note_c(n):
-            self.missed_again_hot(n, stream, st)
+        self.missed_again(n, stream, st)
         return ptr
 
     cdef object fit_pages(self, StateFields st, u64 n, object stream):
-        """The source's plain placement over pages (``ChunkSource.plain_pages``) of ``take_c`` for ``n``
+        """The source's plain placement over pages (``ChunkSource.plain_pages``) of ``take_u`` for ``n``
         bytes on ``st`` (lock held), step for step: the stream's cached blocks coalesced first, then
         best fit keeping the block that ends at the top for last, pages mapped only where missing, then
         the miss counted; ``n`` an int only where Python code needs one (``find``, ``prepare``, a size
@@ -1186,8 +1182,7 @@ cdef class _Base:
             ptr = self.find(n, stream, True)
         if not self.covered(ptr, n):  # the usual case: nothing to map, no call
             ptr = self.prepare(self.arena, ptr, n, stream)
-        if self.missed.note_c(n):
-            self.missed_again_hot(n, stream, st)
+        self.missed_again(n, stream, st)
         return ptr
 
     cdef bint covered(self, u64 p, u64 n) except -1:
@@ -1247,12 +1242,13 @@ cdef class _Base:
                 return ptr
         return None
 
-    cdef int missed_again(self, object size, object stream, StateFields st) except -1:
+    cdef inline int missed_again(self, u64 size, object stream, StateFields st) except -1:
         """The end of ``Arena.take`` (lock held): the miss counted, and the size made hot for the stream
-        when it missed again within the source's ``hot_distance``, ``hot_repeats`` times in a row.
-        ``st``: the stream's state as the take found it; still attached (a state leaves the table only
-        retired, its cache None), it is registered in C, else the table's state through Python."""
-        if self.missed.note_c(<u64>size):
+        when it missed again within the source's ``hot_distance``, ``hot_repeats`` times in a row (an
+        int made for it only then). ``st``: the stream's state as the take found it; still attached (a
+        state leaves the table only retired, its cache None), it is registered in C, else the table's
+        state through Python."""
+        if self.missed.note_c(size):
             self.missed_again_hot(size, stream, st)
         return 0
 
@@ -1345,15 +1341,16 @@ cdef class _Base:
         return self.locked_take(0, stream, nbytes, 0, size)
 
     cdef inline object take_u(self, u64 size, object stream):
-        """:meth:`take_c` for a C size: the default placement and the plain one over pages without an int
-        for ``size`` (:meth:`fit_default`, :meth:`fit_pages`); any other placement through :meth:`take_c`."""
+        """``Arena.take`` (lock held) for a C size: the default placement and the plain one over pages
+        without an int for ``size`` (:meth:`fit_default`, :meth:`fit_pages`); anything else through
+        :meth:`take_other`."""
         cdef StateFields st = self.state_of(stream)
         if st is not None:
             if self.default_fit:
                 return self.fit_default(st, size, stream)
             if self.pages_fit and (self.live.used or self.aligned):
                 return self.fit_pages(st, size, stream)
-        return self.take_c(size, stream)
+        return self.take_other(size, stream, st)
 
     cdef inline int cache_or_free(self, object ptr, u64 size, object stream) except -1:
         """Put a freed block (no longer live; ``size`` its cache size) in its stream's cache if the
