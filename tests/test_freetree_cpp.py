@@ -44,7 +44,7 @@ def test_the_containers_answer_as_the_standard_library(tmp_path):
 
 MUTANTS = {
     # a full leaf split, then the new key put in the wrong half
-    "split half": ("            if (!mk_lt(last_[i], k)) {", "            if (mk_lt(last_[i], k)) {"),
+    "split half": ("            if (mk_lt(last_[i], k)) {  // past", "            if (!mk_lt(last_[i], k)) {  // past"),
     # the binary search without its last step (the place past a smaller last key)
     "search end": ("    return (size_t)(base - a) + (size_t)less(*base, k);", "    return (size_t)(base - a);"),
     # a re-key within the leaf that forgets the leaf's last key

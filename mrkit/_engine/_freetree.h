@@ -136,9 +136,7 @@ class MkSorted {
         }
         if (leaf_[i].size() == MK_LEAF) {  // full: split first (what can fail, before any change)
             split(i);
-            if (!mk_lt(last_[i], k)) {
-                // k belongs in the lower half
-            } else {
+            if (mk_lt(last_[i], k)) {  // past the lower half: the upper one
                 ++i;
             }
         }
