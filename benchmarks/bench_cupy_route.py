@@ -13,6 +13,9 @@ of a batch of 1 000 sizes, all made then dropped in random order, as ``bench_cor
 * ``floor (C hook, distinct addresses)``: the same, but each allocation a different address (the
   next of 2 048 slots 512 bytes apart in one 1 MiB allocation), as a real allocator hands out;
 * ``mrkit``: ``mrkit.cupy.allocator(PoolResource(DeviceMemoryResource(0)))``;
+* ``mrkit, stream read at C speed``: the same, its hooks reading CuPy's current stream through a
+  ``dict.get`` of the stream current when it was made (a diagnostic: what CuPy's
+  ``get_current_stream`` costs inside ``cupy.empty``; valid only while the current stream stays);
 
 and the parts of mrkit's hook, called from Python: the hook pair (``malloc`` + ``free`` of the pool's
 hot path; and over the batch of 1 000 sizes), ``cupy.cuda.get_current_stream(0)``, ``cupy.cuda.device.get_device_id()``.
@@ -87,9 +90,16 @@ def main(argv=None) -> dict:
         m = floor.malloc
         rounded = lambda size: m((size + 511) & -512)  # noqa: E731
     mine = mrkit.cupy.allocator(PoolResource(DeviceMemoryResource(0)))
+    gcs_real = cupy.cuda.get_current_stream
+    cupy.cuda.get_current_stream = {0: gcs_real(0)}.get  # read by allocator() once, for its hooks
+    try:
+        c_speed = mrkit.cupy.allocator(PoolResource(DeviceMemoryResource(0)))  # its hooks made here
+    finally:
+        cupy.cuda.get_current_stream = gcs_real
     allocators = {"cupy pool": cupy.get_default_memory_pool().malloc, "floor (C hook)": rounded,
                   "floor (C hook, no rounding)": floor.malloc,
-                  "floor (C hook, distinct addresses)": distinct.malloc, "mrkit": mine}
+                  "floor (C hook, distinct addresses)": distinct.malloc, "mrkit": mine,
+                  "mrkit, stream read at C speed": c_speed}
     empty, u8 = cupy.empty, cupy.uint8
 
     def pairs(count):

@@ -1,6 +1,7 @@
 """Integrations without a GPU: resource specs, MRKIT_RESOURCE, DLPack on host memory, CuPy hook wiring."""
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import types
@@ -302,3 +303,59 @@ def test_numba_plugin_implements_numbas_whole_interface(monkeypatch):
 def test_numba_plugin_module_is_lazy():
     import mrkit.numba  # importing it needs no numba
     assert "numba" not in sys.modules or hasattr(mrkit.numba, "__getattr__")
+
+
+@pytest.mark.parametrize("build", ["compiled", "python"])
+def test_the_hooks_read_the_stream_they_remember_weakly_and_never_take_a_new_object_for_a_dead_one(sim, build):
+    """Both builds: the hooks remember the caller's last stream object weakly (the compiled build reads
+    the weak reference in C); once that object is collected, a new current object (possibly at its
+    address) is a new stream, never the remembered one: each block is allocated on, and goes back to,
+    the stream its own current object names. Every byte back at the end."""
+    import gc
+    from mrkit._engine import core_name, hot_paths, python_core
+    from mrkit.integrations.cupy import _foreign_free, _stream_lookup
+    if build == "compiled" and core_name() != "compiled":
+        pytest.skip("the compiled core is not built here")
+
+    class CupyLikeStream:  # a foreign stream object: its handle through __cuda_stream__
+        __slots__ = ("handle", "__weakref__")
+
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __cuda_stream__(self):
+            return (0, self.handle)
+
+    with python_core() if build == "python" else contextlib.nullcontext():
+        pool = PoolResource(mrkit.DeviceMemoryResource())
+    current, converted = [None], []
+    cell, lookup = _stream_lookup()
+
+    def remember(cs):  # the hooks convert a stream object they do not remember
+        converted.append(cs)
+        return lookup(cs)
+    malloc, free, holds, core = hot_paths(pool, "hook", current_stream=lambda dev: current[0], seen=cell,
+                                          remember=remember, foreign_free=_foreign_free)
+    s1, s2 = Stream.create(), Stream.create()
+    for _ in range(3):
+        current[0] = CupyLikeStream(s1.handle)
+        a = malloc(1000, 0)
+        assert converted[-1] is current[0]
+        n = len(converted)
+        c = malloc(1000, 0)
+        free(a, 0)
+        assert len(converted) == n and cell[0][0]() is current[0]  # the live object: remembered, not converted
+        converted.clear()
+        current[0] = None
+        gc.collect()
+        assert cell[0][0]() is None  # the remembered object is gone
+        current[0] = CupyLikeStream(s2.handle)  # possibly at its address
+        b = malloc(1000, 0)
+        assert converted == [current[0]], "a new stream object was taken for the collected one"
+        assert cell[0][0]() is current[0] and cell[0][1].handle == s2.handle
+        free(b, 0)
+        free(c, 0)
+    assert pool.live_bytes == 0
+    live_before = pool.live_bytes
+    pool.release()
+    assert live_before == 0 and pool.free_bytes == 0

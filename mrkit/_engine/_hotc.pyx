@@ -24,8 +24,9 @@ a footprint limit), the miss count that makes a size hot, and its ``free_block``
 ``prepare``, a stream with no state yet, growth, stealing, the out-of-memory reclaim) is the arena's
 Python code.
 """
-from cpython.dict cimport PyDict_GetItem, PyDict_Next
+from cpython.dict cimport PyDict_GetItemWithError, PyDict_Next
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF, Py_XDECREF
+from cpython.weakref cimport PyWeakref_CheckRef
 cimport cython
 from libcpp.vector cimport vector
 from cpython.list cimport PyList_GET_ITEM
@@ -1531,6 +1532,31 @@ cdef class CountingPaths(_Base):
         self.cache_or_free(ptr, (n + 255) & ~(<u64>255), stream)
 
 
+cdef extern from *:
+    """
+    /* Whether the weak reference ref (checked by the caller) refers to obj, read without a call:
+       PyWeakref_GetRef from Python 3.13 (PyWeakref_GET_OBJECT is deprecated there). */
+    static inline int mrkit_weakref_is(PyObject *ref, PyObject *obj) {
+    #if PY_VERSION_HEX >= 0x030D0000
+        PyObject *o = NULL;
+        if (PyWeakref_GetRef(ref, &o) < 0) return -1;
+        Py_XDECREF(o);
+        return o == obj;
+    #else
+        return PyWeakref_GET_OBJECT(ref) == obj;
+    #endif
+    }
+    """
+    int mrkit_weakref_is(object ref, object obj) except -1
+
+
+cdef inline bint _refers_to(object ref, object obj) except -1:
+    """``ref() is obj``: a weak reference read in C (no call), any other callable called."""
+    if PyWeakref_CheckRef(ref):
+        return mrkit_weakref_is(ref, obj)
+    return ref() is obj
+
+
 cdef class HookPaths(_Base):
     """``malloc(nbytes, device_id)``/``free(ptr, device_id)`` for hooks that name no stream."""
     cdef object current_stream, remember, foreign_free
@@ -1569,7 +1595,7 @@ cdef class HookPaths(_Base):
         """The mrkit stream of the caller's current stream on ``device_id``."""
         cs = self.current_stream(device_id)
         ref, stream = <tuple>self.seen[0]
-        if ref() is not cs:
+        if not _refers_to(ref, cs):  # not the stream seen last
             stream = self.remember(cs)
         return stream
 
@@ -1622,7 +1648,7 @@ cdef class CHooks:
     ``bind(device)`` fills a missing entry (and may raise); ``made`` lists every entry ever made,
     newest last, for blocks whose entry has been replaced since; ``exiting[0]`` true means the
     interpreter is exiting: a free that fails is counted in ``late`` (``[accepted, not_done]``)."""
-    cdef object table  # a dict (or a subclass: read with PyDict_GetItem)
+    cdef object table  # a dict (or a subclass: read with PyDict_GetItemWithError)
     cdef object bind
     cdef list made, late, exiting
 
@@ -1638,13 +1664,13 @@ cdef class CHooks:
         return (<intptr_t><void*>self, <intptr_t>&_c_malloc, <intptr_t>&_c_free)
 
     cdef object entry(self, int device_id):
-        cdef PyObject *r = PyDict_GetItem(self.table, device_id)
+        cdef PyObject *r = PyDict_GetItemWithError(self.table, device_id)
         if r is NULL:
             return self.bind(device_id)
         return <object>r
 
     cdef int free_c(self, object ptr, int device_id) except -1:
-        cdef PyObject *r = PyDict_GetItem(self.table, device_id)
+        cdef PyObject *r = PyDict_GetItemWithError(self.table, device_id)
         e = None if r is NULL else <object>r
         if e is not None:  # the usual case: a block of the device's current hooks, freed in one look-up
             core = (<tuple>e)[3]
