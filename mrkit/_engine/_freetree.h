@@ -318,10 +318,9 @@ class MkFreeList {
             if (has_next) {
                 by_size.erase(by_size.find(MkKey{nsize, nxt}));
             }
-            // the address index: the previous block's key keeps its place (its start stays)
-            if (!by_addr.rekey(prev_pos_, MkKey{p, total}) && has_next) {
-                next_pos_ = by_addr.find(MkKey{nxt, nsize});
-            }
+            // the address index: the previous block's start stays, so its key keeps its place (rekey
+            // changes it where it is) and the next block's position, found by neighbours(), holds
+            by_addr.rekey(prev_pos_, MkKey{p, total});
             if (has_next) {
                 by_addr.erase(next_pos_);
             }
