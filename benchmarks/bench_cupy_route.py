@@ -16,13 +16,19 @@ of a batch of 1 000 sizes, all made then dropped in random order, as ``bench_cor
 * ``mrkit, stream read at C speed``: the same, its hooks reading CuPy's current stream through a
   ``dict.get`` of the stream current when it was made (a diagnostic: what CuPy's
   ``get_current_stream`` costs inside ``cupy.empty``; valid only while the current stream stays);
+* ``lean C allocator`` (with mrkit's rounding in front) and ``lean C allocator, no rounding``: the least
+  a caching allocator can do in a hook, written in C (sizes rounded to 256 bytes, per-size stacks of
+  addresses found through an open-addressed table, a table of live addresses; addresses carved from one
+  2 GiB device allocation). No streams, no threads, no checks, no statistics: not an allocator anyone
+  should use, but what any allocator CuPy calls through a hook pays at least. Where it reads above a
+  target, that target is out of reach of every design;
 
 and the parts of mrkit's hook, called from Python: the hook pair (``malloc`` + ``free`` of the pool's
 hot path; and over the batch of 1 000 sizes), ``cupy.cuda.get_current_stream(0)``, ``cupy.cuda.device.get_device_id()``.
 
     python benchmarks/bench_cupy_route.py [--json out.json]
 
-Needs a GPU, CuPy and a C compiler (``cc``) for the floor's two functions.
+Needs a GPU, CuPy and a C compiler (``cc``) for the floor's and the lean allocator's C functions.
 """
 from __future__ import annotations
 
@@ -45,6 +51,37 @@ void floor_free(void *param, void *ptr, int device) { }
 static unsigned long floor_next = 0;
 void *floor_distinct_malloc(void *param, unsigned long nbytes, int device) {
     return (char *)*(void **)param + 512 * (floor_next++ & 2047);
+}
+/* the lean allocator: per-size stacks of addresses (an open-addressed table of sizes), a live table of
+   address -> size, addresses carved from one device allocation (lean_init); no streams, no threads */
+#include <stdlib.h>
+typedef struct { unsigned long size; unsigned long *items; long n, cap; } lean_stack;
+static lean_stack lean_sizes[4096];
+static unsigned long lean_keys[1 << 16], lean_vals[1 << 16], lean_next, lean_end;
+static inline unsigned long lean_hash(unsigned long x) { x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; return x ^ (x >> 33); }
+void lean_init(unsigned long base, unsigned long size) { lean_next = base; lean_end = base + size; }
+static lean_stack *lean_stack_for(unsigned long size) {
+    unsigned long i = lean_hash(size) & 4095;
+    while (lean_sizes[i].size && lean_sizes[i].size != size) i = (i + 1) & 4095;
+    if (!lean_sizes[i].size) { lean_sizes[i].size = size; lean_sizes[i].cap = 16; lean_sizes[i].items = malloc(16 * 8); }
+    return &lean_sizes[i];
+}
+void *lean_malloc(void *param, unsigned long n, int device) {
+    unsigned long size = (n + 255) & ~255UL, p, i;
+    lean_stack *s = lean_stack_for(size);
+    if (s->n) p = s->items[--s->n];
+    else { if (lean_next + size > lean_end) return 0; p = lean_next; lean_next += size; }
+    for (i = lean_hash(p) & 65535; lean_keys[i] > 1; i = (i + 1) & 65535) ;
+    lean_keys[i] = p; lean_vals[i] = size;
+    return (void *)p;
+}
+void lean_free(void *param, void *ptr, int device) {
+    unsigned long p = (unsigned long)ptr, size = 0, i;
+    for (i = lean_hash(p) & 65535; lean_keys[i]; i = (i + 1) & 65535)
+        if (lean_keys[i] == p) { lean_keys[i] = 1; size = lean_vals[i]; break; }
+    lean_stack *s = lean_stack_for(size);
+    if (s->n == s->cap) { s->cap *= 2; s->items = realloc(s->items, s->cap * 8); }
+    s->items[s->n++] = p;
 }
 """
 
@@ -85,10 +122,16 @@ def main(argv=None) -> dict:
                                                 addr(lib.floor_free), (lib, cell))
     distinct = cupy.cuda.memory.CFunctionAllocator(ctypes.addressof(cell), addr(lib.floor_distinct_malloc),
                                                    addr(lib.floor_free), (lib, cell))
-    rounded = rounding_call(floor.malloc, 512)
-    if rounded is None:  # the Python build has no compiled rounding: the same in Python
-        m = floor.malloc
-        rounded = lambda size: m((size + 511) & -512)  # noqa: E731
+    lean_base = cupy.cuda.runtime.malloc(2 << 30)
+    lib.lean_init(ctypes.c_ulong(lean_base), ctypes.c_ulong(2 << 30))
+    lean = cupy.cuda.memory.CFunctionAllocator(0, addr(lib.lean_malloc), addr(lib.lean_free), lib)
+
+    def with_rounding(inner):
+        r = rounding_call(inner, 512)
+        if r is None:  # the Python build has no compiled rounding: the same in Python
+            r = lambda size: inner((size + 511) & -512)  # noqa: E731
+        return r
+    rounded = with_rounding(floor.malloc)
     mine = mrkit.cupy.allocator(PoolResource(DeviceMemoryResource(0)))
     gcs_real = cupy.cuda.get_current_stream
     cupy.cuda.get_current_stream = {0: gcs_real(0)}.get  # read by allocator() once, for its hooks
@@ -99,7 +142,8 @@ def main(argv=None) -> dict:
     allocators = {"cupy pool": cupy.get_default_memory_pool().malloc, "floor (C hook)": rounded,
                   "floor (C hook, no rounding)": floor.malloc,
                   "floor (C hook, distinct addresses)": distinct.malloc, "mrkit": mine,
-                  "mrkit, stream read at C speed": c_speed}
+                  "mrkit, stream read at C speed": c_speed, "lean C allocator": with_rounding(lean.malloc),
+                  "lean C allocator, no rounding": lean.malloc}
     empty, u8 = cupy.empty, cupy.uint8
 
     def pairs(count):
@@ -172,6 +216,7 @@ def main(argv=None) -> dict:
            "batch ratios to cupy pool": {k: v / batch_rows["cupy pool"] for k, v in batch_rows.items()}}
     print(json.dumps(res, indent=1))
     cupy.cuda.runtime.free(base)
+    cupy.cuda.runtime.free(lean_base)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return res
