@@ -52,6 +52,11 @@ static unsigned long floor_next = 0;
 void *floor_distinct_malloc(void *param, unsigned long nbytes, int device) {
     return (char *)*(void **)param + 512 * (floor_next++ & 2047);
 }
+"""
+
+#: The lean allocator (``lean_init``, ``lean_malloc``, ``lean_free``), C source: ``tools/probe_c_hooks.py``
+#: times the same one from C.
+LEAN_C = r"""
 /* the lean allocator: per-size stacks of addresses (an open-addressed table of sizes), a live table of
    address -> size, addresses carved from one device allocation (lean_init); no streams, no threads */
 #include <stdlib.h>
@@ -89,7 +94,7 @@ void lean_free(void *param, void *ptr, int device) {
 def _floor_library():
     d = tempfile.mkdtemp()
     src, lib = os.path.join(d, "floor.c"), os.path.join(d, "floor.so")
-    Path(src).write_text(_FLOOR_C)
+    Path(src).write_text(_FLOOR_C + LEAN_C)
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", src, "-o", lib], check=True)
     return ctypes.CDLL(lib)
 

@@ -7,7 +7,8 @@ Diagnostic for the development machine: ``python tools/probe_c_hooks.py [rounds]
 ``python tools/probe_c_hooks.py [rounds] disturbed`` times the batch's hook calls alone (a clock read
 around each) with 0 to 4 MiB of other memory written between calls, as ``cupy.empty``'s own work
 evicts the hooks' code and data from the caches, beside C functions that do nothing (the floor) and a
-model of a lean hit path over C data (per-size stacks of addresses, a live table; no streams or threads)."""
+model of a lean hit path over C data (``bench_cupy_route.py``'s lean allocator: per-size stacks of
+addresses, a live table; no streams or threads)."""
 import ctypes
 import random
 import subprocess
@@ -17,7 +18,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import fake_cupy  # noqa: E402
+from bench_cupy_route import LEAN_C  # noqa: E402  (the model: bench_cupy_route.py's lean allocator)
 
 cp = fake_cupy.install()
 cp.cuda.get_current_stream = {0: cp.Stream(0)}.get  # one stream object per device, read at C speed (as CuPy's)
@@ -34,36 +37,6 @@ static char other[1 << 23];
 static void disturb(long n) { for (long i = 0; i < n; i += 64) other[i]++; }
 static inline long now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000L + t.tv_nsec; }
 void *nothing_malloc(void *param, unsigned long n, int d) { return (void *)(0x7f0000000000UL + n); }
-/* A model of a lean hit path over C data, for comparison: per-size stacks of C addresses found through
-   an open-addressed table, a live table of address -> size; no streams, no threads, no Python objects. */
-#include <stdint.h>
-#include <stdlib.h>
-typedef struct { unsigned long size; unsigned long *items; long n, cap; } model_stack;
-static model_stack model_sizes[4096];
-static unsigned long model_keys[1 << 16], model_vals[1 << 16], model_next = 0x7f0000000000UL;
-static inline unsigned long model_hash(unsigned long x) { x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; return x ^ (x >> 33); }
-static model_stack *model_stack_for(unsigned long size) {
-    unsigned long i = model_hash(size) & 4095;
-    while (model_sizes[i].size && model_sizes[i].size != size) i = (i + 1) & 4095;
-    if (!model_sizes[i].size) { model_sizes[i].size = size; model_sizes[i].cap = 16; model_sizes[i].items = malloc(16 * 8); }
-    return &model_sizes[i];
-}
-void *model_malloc(void *param, unsigned long n, int d) {
-    unsigned long size = (n + 255) & ~255UL, p, i;
-    model_stack *s = model_stack_for(size);
-    if (s->n) p = s->items[--s->n]; else { p = model_next; model_next += size; }
-    for (i = model_hash(p) & 65535; model_keys[i] > 1; i = (i + 1) & 65535) ;
-    model_keys[i] = p; model_vals[i] = size;
-    return (void *)p;
-}
-void model_free(void *param, void *ptr, int d) {
-    unsigned long p = (unsigned long)ptr, size = 0, i;
-    for (i = model_hash(p) & 65535; model_keys[i]; i = (i + 1) & 65535)
-        if (model_keys[i] == p) { model_keys[i] = 1; size = model_vals[i]; break; }
-    model_stack *s = model_stack_for(size);
-    if (s->n == s->cap) { s->cap *= 2; s->items = realloc(s->items, s->cap * 8); }
-    s->items[s->n++] = p;
-}
 void nothing_free(void *param, void *p, int d) { }
 long timed_batch(void *param, m_t m, f_t f, unsigned long *sizes, long *order, void **ptrs, long n, long bytes) {
     long ns = 0;
@@ -84,7 +57,7 @@ int batch(void *param, m_t m, f_t f, unsigned long *sizes, long *order, void **p
 
 def main(rounds=7, only=""):
     d = tempfile.mkdtemp()
-    Path(d, "h.c").write_text(_C)
+    Path(d, "h.c").write_text(_C + LEAN_C)
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", f"{d}/h.c", "-o", f"{d}/h.so"], check=True)
     lib = ctypes.PyDLL(f"{d}/h.so")  # the GIL stays held, as CuPy calls the hooks
     lib.pairs.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_ulong, ctypes.c_long]
@@ -102,7 +75,8 @@ def main(rounds=7, only=""):
     ptrs = (ctypes.c_void_p * n)()
     if only == "disturbed":
         floor = [ctypes.cast(fn, ctypes.c_void_p).value for fn in (lib.nothing_malloc, lib.nothing_free)]
-        model = [ctypes.cast(fn, ctypes.c_void_p).value for fn in (lib.model_malloc, lib.model_free)]
+        lib.lean_init(ctypes.c_ulong(0x7F0000000000), ctypes.c_ulong(1 << 40))  # addresses never touched
+        model = [ctypes.cast(fn, ctypes.c_void_p).value for fn in (lib.lean_malloc, lib.lean_free)]
         for bytes_ in (0, 8 << 10, 48 << 10, 256 << 10, 4 << 20):
             best = {}
             for r in range(rounds):
