@@ -136,3 +136,21 @@ def test_the_race_test_passes_on_shipped_resources(name):
     """The race test alone, on three shipped resources (``python -m mrkit.testing`` runs it after the
     state machine on every one; the mutation suite runs it on the targets of each planted race)."""
     race_test(BUILTIN_FACTORIES[name])
+
+
+def _lines_probe(obj, box):  # the lines below are counted by the test that follows
+    n = len(box)
+    obj.count = n
+    box[0] = obj.count
+    return n
+
+
+def test_the_scheduling_points_are_the_lines_that_touch_shared_state_on_every_python_version():
+    """The kit's scheduling points are source lines; Python 3.10's ``dis`` has no ``positions`` (a line
+    is set on its first instruction only), and reading them raised AttributeError inside every
+    controlled thread there, so no race was ever found on 3.10."""
+    from mrkit.testing._interleave import _shared_lines
+    first = _lines_probe.__code__.co_firstlineno
+    lines, stores = _shared_lines(_lines_probe.__code__)
+    assert sorted(x - first for x in lines) == [1, 2, 3]  # a call, an attribute store, a subscript store
+    assert sorted(x - first for x in stores) == [2, 3]

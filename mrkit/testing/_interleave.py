@@ -57,6 +57,8 @@ _SHARED_OPS = frozenset(n for n in dis.opmap if n.startswith((
 _STORE_OPS = frozenset(n for n in dis.opmap if n.startswith((
     "STORE_ATTR", "DELETE_ATTR", "STORE_SUBSCR", "DELETE_SUBSCR", "STORE_SLICE", "STORE_GLOBAL", "STORE_DEREF")))
 
+_HAS_POSITIONS = sys.version_info >= (3, 11)  # dis.Instruction.positions
+
 _RealLock = threading.Lock
 _RealRLock = threading.RLock
 _active: "Controller | None" = None  # the controlled run in progress (one at a time per process)
@@ -78,13 +80,18 @@ def _shared_lines(code) -> tuple[frozenset, frozenset]:
     """The lines of ``code`` that touch shared state (see ``_SHARED_OPS``), and those that write it
     (``_STORE_OPS``)."""
     lines, stores = set(), set()
+    line = None
     for ins in dis.get_instructions(code):
-        if ins.positions is None or ins.positions.lineno is None:
+        if _HAS_POSITIONS:
+            line = ins.positions.lineno if ins.positions is not None else None
+        elif ins.starts_line is not None:  # Python 3.10: the line is set on its first instruction only
+            line = ins.starts_line
+        if line is None:
             continue
         if ins.opname in _SHARED_OPS:
-            lines.add(ins.positions.lineno)
+            lines.add(line)
         if ins.opname in _STORE_OPS:
-            stores.add(ins.positions.lineno)
+            stores.add(line)
     return frozenset(lines), frozenset(stores)
 
 
