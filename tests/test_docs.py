@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import socket
 import textwrap
 import warnings
 from pathlib import Path
@@ -72,8 +73,22 @@ def _missing(needs: list[str]) -> str | None:
     return None
 
 
+@pytest.fixture
+def busy_dask_port():
+    """Dask's default dashboard port taken while a page runs, as on a machine already running a Dask
+    cluster (or another test process): an example that binds it fails there (the guide's cluster
+    did: Dask's warning that it moved to another port is an error in these tests)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("", 8787))
+            s.listen()
+        except OSError:  # already taken, which is the point
+            pass
+        yield
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
-def test_every_python_block_of_the_page_runs(page, tmp_path, monkeypatch):
+def test_every_python_block_of_the_page_runs(page, tmp_path, monkeypatch, busy_dask_port):
     found = blocks(page)
     if not found:
         pytest.skip(f"{page.name} has no python block")
