@@ -22,6 +22,11 @@ of a batch of 1 000 sizes, all made then dropped in random order, as ``bench_cor
   2 GiB device allocation). No streams, no threads, no checks, no statistics: not an allocator anyone
   should use, but what any allocator CuPy calls through a hook pays at least. Where it reads above a
   target, that target is out of reach of every design;
+* ``lean C allocator by CuPy's current stream`` (mrkit's rounding in front): the same, but each
+  allocation asks CuPy for its current stream (``get_current_stream(device_id)``, as mrkit's hooks do)
+  and the stacks are per stream and size, each live block remembering its stream: the least a
+  stream-ordered allocator behind CuPy's hook pays (built against Python's headers; left out where
+  they are missing);
 
 and the parts of mrkit's hook, called from Python: the hook pair (``malloc`` + ``free`` of the pool's
 hot path; and over the batch of 1 000 sizes), ``cupy.cuda.get_current_stream(0)``, ``cupy.cuda.device.get_device_id()``.
@@ -91,6 +96,69 @@ void lean_free(void *param, void *ptr, int device) {
 """
 
 
+#: The lean allocator keyed by CuPy's current stream as well (``ls_init(getter, base, size)``,
+#: ``ls_malloc``, ``ls_free``): each allocation calls ``getter(device_id)`` (CuPy's
+#: ``get_current_stream``, as mrkit's hooks do) and keeps per-(stream, size) stacks and each live
+#: block's stream. Built against Python's headers and loaded into the process (the hooks run with the GIL).
+LEAN_STREAM_C = r"""
+#include <Python.h>
+#include <stdlib.h>
+typedef struct { unsigned long stream, size; unsigned long *items; long n, cap; } ls_stack;
+static ls_stack ls_stacks[8192];
+static unsigned long ls_keys[1 << 16], ls_size[1 << 16], ls_strm[1 << 16], ls_next, ls_end;
+static PyObject *ls_getter;
+static inline unsigned long ls_hash(unsigned long x) { x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; return x ^ (x >> 33); }
+int ls_init(PyObject *getter, unsigned long base, unsigned long size) {
+    Py_INCREF(getter); ls_getter = getter; ls_next = base; ls_end = base + size; return 0;
+}
+static ls_stack *ls_stack_for(unsigned long stream, unsigned long size) {
+    unsigned long i = ls_hash(size ^ (stream * 0x9E3779B97F4A7C15UL)) & 8191;
+    while (ls_stacks[i].size && (ls_stacks[i].size != size || ls_stacks[i].stream != stream)) i = (i + 1) & 8191;
+    if (!ls_stacks[i].size) {
+        ls_stacks[i].size = size; ls_stacks[i].stream = stream; ls_stacks[i].cap = 16; ls_stacks[i].items = malloc(16 * 8);
+    }
+    return &ls_stacks[i];
+}
+void *ls_malloc(void *param, unsigned long n, int device) {
+    PyObject *dev = PyLong_FromLong(device), *s;
+    unsigned long size = (n + 255) & ~255UL, p, i, stream;
+    if (!dev) return NULL;
+    s = PyObject_CallOneArg(ls_getter, dev);
+    Py_DECREF(dev);
+    if (!s) return NULL;
+    stream = (unsigned long)s;  /* CuPy keeps its current stream object alive */
+    Py_DECREF(s);
+    ls_stack *st = ls_stack_for(stream, size);
+    if (st->n) p = st->items[--st->n];
+    else { if (ls_next + size > ls_end) return NULL; p = ls_next; ls_next += size; }
+    for (i = ls_hash(p) & 65535; ls_keys[i] > 1; i = (i + 1) & 65535) ;
+    ls_keys[i] = p; ls_size[i] = size; ls_strm[i] = stream;
+    return (void *)p;
+}
+void ls_free(void *param, void *ptr, int device) {
+    unsigned long p = (unsigned long)ptr, size = 0, stream = 0, i;
+    for (i = ls_hash(p) & 65535; ls_keys[i]; i = (i + 1) & 65535)
+        if (ls_keys[i] == p) { ls_keys[i] = 1; size = ls_size[i]; stream = ls_strm[i]; break; }
+    ls_stack *st = ls_stack_for(stream, size);
+    if (st->n == st->cap) { st->cap *= 2; st->items = realloc(st->items, st->cap * 8); }
+    st->items[st->n++] = p;
+}
+"""
+
+
+def _lean_stream_library():
+    """The stream-keyed lean allocator, or None where it cannot be built (no Python headers)."""
+    import sysconfig
+    d = tempfile.mkdtemp()
+    src, lib = os.path.join(d, "lean_stream.c"), os.path.join(d, "lean_stream.so")
+    Path(src).write_text(LEAN_STREAM_C)
+    r = subprocess.run(["cc", "-O2", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", src, "-o", lib],
+                       capture_output=True, text=True)
+    if r.returncode:
+        print(f"(no stream-keyed lean allocator: {r.stderr.strip()[:200]})", file=sys.stderr)
+        return None
+    return ctypes.PyDLL(lib)
+
 def _floor_library():
     d = tempfile.mkdtemp()
     src, lib = os.path.join(d, "floor.c"), os.path.join(d, "floor.so")
@@ -130,6 +198,12 @@ def main(argv=None) -> dict:
     lean_base = cupy.cuda.runtime.malloc(2 << 30)
     lib.lean_init(ctypes.c_ulong(lean_base), ctypes.c_ulong(2 << 30))
     lean = cupy.cuda.memory.CFunctionAllocator(0, addr(lib.lean_malloc), addr(lib.lean_free), lib)
+    slib = _lean_stream_library()
+    if slib is not None:
+        lean_stream_base = cupy.cuda.runtime.malloc(2 << 30)
+        slib.ls_init.argtypes = [ctypes.py_object, ctypes.c_ulong, ctypes.c_ulong]
+        slib.ls_init(cupy.cuda.get_current_stream, lean_stream_base, 2 << 30)
+        lean_stream = cupy.cuda.memory.CFunctionAllocator(0, addr(slib.ls_malloc), addr(slib.ls_free), slib)
 
     def with_rounding(inner):
         r = rounding_call(inner, 512)
@@ -149,6 +223,8 @@ def main(argv=None) -> dict:
                   "floor (C hook, distinct addresses)": distinct.malloc, "mrkit": mine,
                   "mrkit, stream read at C speed": c_speed, "lean C allocator": with_rounding(lean.malloc),
                   "lean C allocator, no rounding": lean.malloc}
+    if slib is not None:
+        allocators["lean C allocator by CuPy's current stream"] = with_rounding(lean_stream.malloc)
     empty, u8 = cupy.empty, cupy.uint8
 
     def pairs(count):
@@ -222,6 +298,8 @@ def main(argv=None) -> dict:
     print(json.dumps(res, indent=1))
     cupy.cuda.runtime.free(base)
     cupy.cuda.runtime.free(lean_base)
+    if slib is not None:
+        cupy.cuda.runtime.free(lean_stream_base)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return res
