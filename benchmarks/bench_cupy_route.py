@@ -59,112 +59,110 @@ void *floor_distinct_malloc(void *param, unsigned long nbytes, int device) {
 }
 """
 
-#: The lean allocator (``lean_init``, ``lean_malloc``, ``lean_free``), C source: ``tools/probe_c_hooks.py``
-#: times the same one from C.
+#: The lean allocator (``lean_init(base, size)``, ``lean_malloc``, ``lean_free``), C source;
+#: ``tools/probe_c_hooks.py`` times the same one from C. Built with ``-DLEAN_STREAM=1`` (against
+#: Python's headers, see :func:`_compile`), it is keyed by CuPy's current stream as well: each allocation
+#: calls the getter ``lean_set_getter`` gave it with the device id (CuPy's ``get_current_stream``, as
+#: mrkit's hooks do), and each live block keeps its stream.
 LEAN_C = r"""
-/* the lean allocator: per-size stacks of addresses (an open-addressed table of sizes), a live table of
-   address -> size, addresses carved from one device allocation (lean_init); no streams, no threads */
+/* the lean allocator: per-(stream, size) stacks of addresses (an open-addressed table), a live table of
+   address -> size (and stream), addresses carved from one device allocation (lean_init); no threads */
 #include <stdlib.h>
-typedef struct { unsigned long size; unsigned long *items; long n, cap; } lean_stack;
-static lean_stack lean_sizes[4096];
+#ifndef LEAN_STREAM
+#define LEAN_STREAM 0
+#endif
+#if LEAN_STREAM
+#include <Python.h>
+static PyObject *lean_getter;
+void lean_set_getter(PyObject *getter) { Py_INCREF(getter); lean_getter = getter; }
+static unsigned long lean_strm[1 << 16];
+#define LEAN_SLOTS 8192
+#define LEAN_STREAM_FIELD unsigned long stream;
+#define LEAN_SAME(e, st, sz) ((e).size == (sz) && (e).stream == (st))
+#else  /* one stream: no stream kept anywhere, the table as small as the sizes need */
+#define LEAN_SLOTS 4096
+#define LEAN_STREAM_FIELD
+#define LEAN_SAME(e, st, sz) ((e).size == (sz))
+#endif
+typedef struct { LEAN_STREAM_FIELD unsigned long size; unsigned long *items; long n, cap; } lean_stack;
+static lean_stack lean_sizes[LEAN_SLOTS];
 static unsigned long lean_keys[1 << 16], lean_vals[1 << 16], lean_next, lean_end;
 static inline unsigned long lean_hash(unsigned long x) { x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; return x ^ (x >> 33); }
 void lean_init(unsigned long base, unsigned long size) { lean_next = base; lean_end = base + size; }
-static lean_stack *lean_stack_for(unsigned long size) {
-    unsigned long i = lean_hash(size) & 4095;
-    while (lean_sizes[i].size && lean_sizes[i].size != size) i = (i + 1) & 4095;
-    if (!lean_sizes[i].size) { lean_sizes[i].size = size; lean_sizes[i].cap = 16; lean_sizes[i].items = malloc(16 * 8); }
+static lean_stack *lean_stack_for(unsigned long stream, unsigned long size) {
+    unsigned long i = lean_hash(size ^ (stream * 0x9E3779B97F4A7C15UL)) & (LEAN_SLOTS - 1);
+    while (lean_sizes[i].size && !LEAN_SAME(lean_sizes[i], stream, size)) i = (i + 1) & (LEAN_SLOTS - 1);
+    if (!lean_sizes[i].size) {
+        lean_sizes[i].size = size; lean_sizes[i].cap = 16; lean_sizes[i].items = malloc(16 * 8);
+#if LEAN_STREAM
+        lean_sizes[i].stream = stream;
+#endif
+    }
     return &lean_sizes[i];
 }
 void *lean_malloc(void *param, unsigned long n, int device) {
-    unsigned long size = (n + 255) & ~255UL, p, i;
-    lean_stack *s = lean_stack_for(size);
-    if (s->n) p = s->items[--s->n];
+    unsigned long size = (n + 255) & ~255UL, p, i, stream = 0;
+#if LEAN_STREAM
+    PyObject *dev = PyLong_FromLong(device), *s;
+    if (!dev) return 0;
+    s = PyObject_CallOneArg(lean_getter, dev);
+    Py_DECREF(dev);
+    if (!s) return 0;
+    stream = (unsigned long)s;  /* CuPy keeps its current stream object alive */
+    Py_DECREF(s);
+#endif
+    lean_stack *st = lean_stack_for(stream, size);
+    if (st->n) p = st->items[--st->n];
     else { if (lean_next + size > lean_end) return 0; p = lean_next; lean_next += size; }
     for (i = lean_hash(p) & 65535; lean_keys[i] > 1; i = (i + 1) & 65535) ;
     lean_keys[i] = p; lean_vals[i] = size;
+#if LEAN_STREAM
+    lean_strm[i] = stream;
+#endif
     return (void *)p;
 }
 void lean_free(void *param, void *ptr, int device) {
-    unsigned long p = (unsigned long)ptr, size = 0, i;
-    for (i = lean_hash(p) & 65535; lean_keys[i]; i = (i + 1) & 65535)
-        if (lean_keys[i] == p) { lean_keys[i] = 1; size = lean_vals[i]; break; }
-    lean_stack *s = lean_stack_for(size);
-    if (s->n == s->cap) { s->cap *= 2; s->items = realloc(s->items, s->cap * 8); }
-    s->items[s->n++] = p;
-}
-"""
-
-
-#: The lean allocator keyed by CuPy's current stream as well (``ls_init(getter, base, size)``,
-#: ``ls_malloc``, ``ls_free``): each allocation calls ``getter(device_id)`` (CuPy's
-#: ``get_current_stream``, as mrkit's hooks do) and keeps per-(stream, size) stacks and each live
-#: block's stream. Built against Python's headers and loaded into the process (the hooks run with the GIL).
-LEAN_STREAM_C = r"""
-#include <Python.h>
-#include <stdlib.h>
-typedef struct { unsigned long stream, size; unsigned long *items; long n, cap; } ls_stack;
-static ls_stack ls_stacks[8192];
-static unsigned long ls_keys[1 << 16], ls_size[1 << 16], ls_strm[1 << 16], ls_next, ls_end;
-static PyObject *ls_getter;
-static inline unsigned long ls_hash(unsigned long x) { x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; return x ^ (x >> 33); }
-int ls_init(PyObject *getter, unsigned long base, unsigned long size) {
-    Py_INCREF(getter); ls_getter = getter; ls_next = base; ls_end = base + size; return 0;
-}
-static ls_stack *ls_stack_for(unsigned long stream, unsigned long size) {
-    unsigned long i = ls_hash(size ^ (stream * 0x9E3779B97F4A7C15UL)) & 8191;
-    while (ls_stacks[i].size && (ls_stacks[i].size != size || ls_stacks[i].stream != stream)) i = (i + 1) & 8191;
-    if (!ls_stacks[i].size) {
-        ls_stacks[i].size = size; ls_stacks[i].stream = stream; ls_stacks[i].cap = 16; ls_stacks[i].items = malloc(16 * 8);
-    }
-    return &ls_stacks[i];
-}
-void *ls_malloc(void *param, unsigned long n, int device) {
-    PyObject *dev = PyLong_FromLong(device), *s;
-    unsigned long size = (n + 255) & ~255UL, p, i, stream;
-    if (!dev) return NULL;
-    s = PyObject_CallOneArg(ls_getter, dev);
-    Py_DECREF(dev);
-    if (!s) return NULL;
-    stream = (unsigned long)s;  /* CuPy keeps its current stream object alive */
-    Py_DECREF(s);
-    ls_stack *st = ls_stack_for(stream, size);
-    if (st->n) p = st->items[--st->n];
-    else { if (ls_next + size > ls_end) return NULL; p = ls_next; ls_next += size; }
-    for (i = ls_hash(p) & 65535; ls_keys[i] > 1; i = (i + 1) & 65535) ;
-    ls_keys[i] = p; ls_size[i] = size; ls_strm[i] = stream;
-    return (void *)p;
-}
-void ls_free(void *param, void *ptr, int device) {
     unsigned long p = (unsigned long)ptr, size = 0, stream = 0, i;
-    for (i = ls_hash(p) & 65535; ls_keys[i]; i = (i + 1) & 65535)
-        if (ls_keys[i] == p) { ls_keys[i] = 1; size = ls_size[i]; stream = ls_strm[i]; break; }
-    ls_stack *st = ls_stack_for(stream, size);
+    for (i = lean_hash(p) & 65535; lean_keys[i]; i = (i + 1) & 65535)
+        if (lean_keys[i] == p) {
+            lean_keys[i] = 1; size = lean_vals[i];
+#if LEAN_STREAM
+            stream = lean_strm[i];
+#endif
+            break;
+        }
+    lean_stack *st = lean_stack_for(stream, size);
     if (st->n == st->cap) { st->cap *= 2; st->items = realloc(st->items, st->cap * 8); }
     st->items[st->n++] = p;
 }
 """
 
 
-def _lean_stream_library():
-    """The stream-keyed lean allocator, or None where it cannot be built (no Python headers)."""
-    import sysconfig
+def _compile(source: str, *flags: str, dll=ctypes.CDLL):
+    """``source`` built as a shared library with ``cc -O2`` and ``flags``, loaded as ``dll``; None, with
+    the compiler's complaint on stderr, where it does not build."""
     d = tempfile.mkdtemp()
-    src, lib = os.path.join(d, "lean_stream.c"), os.path.join(d, "lean_stream.so")
-    Path(src).write_text(LEAN_STREAM_C)
-    r = subprocess.run(["cc", "-O2", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", src, "-o", lib],
-                       capture_output=True, text=True)
+    src, lib = os.path.join(d, "lib.c"), os.path.join(d, "lib.so")
+    Path(src).write_text(source)
+    r = subprocess.run(["cc", "-O2", "-shared", "-fPIC", *flags, src, "-o", lib], capture_output=True, text=True)
     if r.returncode:
-        print(f"(no stream-keyed lean allocator: {r.stderr.strip()[:200]})", file=sys.stderr)
+        print(f"(could not build {flags or ''}: {r.stderr.strip()[:200]})", file=sys.stderr)
         return None
-    return ctypes.PyDLL(lib)
+    return dll(lib)
+
+
+def _lean_stream_library():
+    """The stream-keyed lean allocator (the hooks run with the GIL: loaded into the process as a
+    ``PyDLL``), or None where it cannot be built (no Python headers)."""
+    import sysconfig
+    return _compile(LEAN_C, "-DLEAN_STREAM=1", f"-I{sysconfig.get_paths()['include']}", dll=ctypes.PyDLL)
+
 
 def _floor_library():
-    d = tempfile.mkdtemp()
-    src, lib = os.path.join(d, "floor.c"), os.path.join(d, "floor.so")
-    Path(src).write_text(_FLOOR_C + LEAN_C)
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", src, "-o", lib], check=True)
-    return ctypes.CDLL(lib)
+    lib = _compile(_FLOOR_C + LEAN_C)
+    if lib is None:
+        raise SystemExit("bench_cupy_route.py needs a C compiler (cc) for the floor's functions")
+    return lib
 
 
 def _per_call(fn, count: int, rounds: int) -> float:
@@ -201,9 +199,10 @@ def main(argv=None) -> dict:
     slib = _lean_stream_library()
     if slib is not None:
         lean_stream_base = cupy.cuda.runtime.malloc(2 << 30)
-        slib.ls_init.argtypes = [ctypes.py_object, ctypes.c_ulong, ctypes.c_ulong]
-        slib.ls_init(cupy.cuda.get_current_stream, lean_stream_base, 2 << 30)
-        lean_stream = cupy.cuda.memory.CFunctionAllocator(0, addr(slib.ls_malloc), addr(slib.ls_free), slib)
+        slib.lean_set_getter.argtypes = [ctypes.py_object]
+        slib.lean_set_getter(cupy.cuda.get_current_stream)
+        slib.lean_init(ctypes.c_ulong(lean_stream_base), ctypes.c_ulong(2 << 30))
+        lean_stream = cupy.cuda.memory.CFunctionAllocator(0, addr(slib.lean_malloc), addr(slib.lean_free), slib)
 
     def with_rounding(inner):
         r = rounding_call(inner, 512)

@@ -11,16 +11,14 @@ model of a lean hit path over C data (``bench_cupy_route.py``'s lean allocator: 
 addresses, a live table; no streams or threads)."""
 import ctypes
 import random
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import fake_cupy  # noqa: E402
-from bench_cupy_route import LEAN_C  # noqa: E402  (the model: bench_cupy_route.py's lean allocator)
+from bench_cupy_route import LEAN_C, _compile  # noqa: E402  (the model: bench_cupy_route.py's lean allocator)
 
 cp = fake_cupy.install()
 cp.cuda.get_current_stream = {0: cp.Stream(0)}.get  # one stream object per device, read at C speed (as CuPy's)
@@ -56,10 +54,9 @@ int batch(void *param, m_t m, f_t f, unsigned long *sizes, long *order, void **p
 
 
 def main(rounds=7, only=""):
-    d = tempfile.mkdtemp()
-    Path(d, "h.c").write_text(_C + LEAN_C)
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", f"{d}/h.c", "-o", f"{d}/h.so"], check=True)
-    lib = ctypes.PyDLL(f"{d}/h.so")  # the GIL stays held, as CuPy calls the hooks
+    lib = _compile(_C + LEAN_C, dll=ctypes.PyDLL)  # the GIL stays held, as CuPy calls the hooks
+    if lib is None:
+        raise SystemExit("the probe needs a C compiler (cc)")
     lib.pairs.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_ulong, ctypes.c_long]
     lib.batch.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long]
     lib.timed_batch.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long] * 2
