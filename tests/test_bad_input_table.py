@@ -32,6 +32,12 @@ RESOURCES = {
     "limiting": lambda: LimitingAdaptor(CudaMemoryResource(0), "64 MiB"),
     "tracking": lambda: TrackingAdaptor(CudaMemoryResource(0)),
     "logging": lambda: LoggingAdaptor(CudaMemoryResource(0), io.StringIO(), buffer_lines=1),
+    # compositions: an adaptor's own table in front of a caching resource's
+    "tracking(pool)": lambda: TrackingAdaptor(PoolResource(CudaMemoryResource(0))),
+    "logging(tracking(vmm))": lambda: LoggingAdaptor(TrackingAdaptor(VirtualMemoryResource(0)), io.StringIO(),
+                                                     buffer_lines=1),
+    "limiting(statistics(binning))": lambda: LimitingAdaptor(
+        StatisticsAdaptor(BinningResource(CudaMemoryResource(0), "64 KiB")), "64 MiB"),
 }
 
 
@@ -43,8 +49,9 @@ def _state(mr):
         out["stats"] = (st.current_bytes, st.current_count, st.total_bytes, st.total_count, st.peak_bytes)
     if isinstance(mr, LimitingAdaptor):
         out["used"] = mr.used_bytes
-    if isinstance(mr, TrackingAdaptor):
-        out["tracked"] = mr.outstanding()
+    outstanding = getattr(mr, "outstanding", None)
+    if callable(outstanding):  # the tables' keys with their types: a float key equal to a pointer is a change
+        out["outstanding"] = sorted((p, type(p).__name__, n, type(n).__name__) for p, n in outstanding().items())
     if isinstance(mr, LoggingAdaptor):
         mr.flush()
         out["log"] = mr._file.getvalue()
@@ -79,6 +86,10 @@ FREE_CASES = [
     ("nbytes=wrong", lambda mr, p, n: mr.deallocate(p, n + 1, DEFAULT_STREAM), ValueError, "nbytes"),
     ("nbytes=float", lambda mr, p, n: mr.deallocate(p, float(n), DEFAULT_STREAM), TypeError, "nbytes"),
     ("stream=None", lambda mr, p, n: mr.deallocate(p, n, None), TypeError, "stream"),
+    # the live pointer as a float equal to it: a dict look-up finds the block, so only a type check refuses it
+    ("ptr=float(live)", lambda mr, p, n: mr.deallocate(float(p), n, DEFAULT_STREAM), TypeError, "ptr"),
+    ("free alignment=3", lambda mr, p, n: mr.deallocate(p, n, DEFAULT_STREAM, 3), ValueError, "alignment"),
+    ("free alignment=float", lambda mr, p, n: mr.deallocate(p, n, DEFAULT_STREAM, 256.0), TypeError, "alignment"),
 ]
 CASES = [(r, cid, op, exc, word) for r in RESOURCES for cid, op, exc, word in ALLOC_CASES + FREE_CASES]
 
@@ -102,6 +113,29 @@ def test_bad_input_on_every_resource(resource, case, op, exc, word):
         after["log"] = before["log"]
     assert after == before
     mr.deallocate(p, n, DEFAULT_STREAM)  # the block is still the caller's and frees normally
+    assert (getattr(mr, "live_bytes", 0) or 0) == 0
+
+
+@pytest.mark.parametrize("resource", list(RESOURCES))
+def test_a_live_pointer_as_a_numpy_integer_frees_on_every_resource(resource):
+    """The pointer given back as a NumPy integer (read from an array of pointers) frees the block; every
+    later pointer is an ``int``, and a log records the free as any other."""
+    set_backend(SimDriver(policy="eager"))
+    mr = RESOURCES[resource]()
+    n = 3000
+    for _ in range(4):  # the size becomes hot where the resource caches
+        mr.deallocate(mr.allocate(n, DEFAULT_STREAM), n, DEFAULT_STREAM)
+    p = mr.allocate(n, DEFAULT_STREAM)
+    mr.deallocate(np.uint64(p), np.int64(n), DEFAULT_STREAM)
+    assert (getattr(mr, "live_bytes", 0) or 0) == 0
+    again = [mr.allocate(n, DEFAULT_STREAM) for _ in range(3)]
+    assert all(type(q) is int for q in again)
+    for q in again:
+        mr.deallocate(q, n, DEFAULT_STREAM)
+    if isinstance(mr, LoggingAdaptor):
+        mr.flush()
+        frees = [ln for ln in mr._file.getvalue().splitlines() if ",free," in ln]
+        assert len(frees) == 8 and f",free,{p:#x},{n}," in frees[4]
     assert (getattr(mr, "live_bytes", 0) or 0) == 0
 
 

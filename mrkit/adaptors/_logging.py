@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .._errors import OutOfMemoryError
-from .._resource import MemoryResource
+from .._resource import MemoryResource, check_pointer
 from .._stream import DEFAULT_STREAM, Stream, stream_handle
 from ._base import Adaptor
 
@@ -90,6 +90,8 @@ class LoggingAdaptor(Adaptor):
     def deallocate(self, ptr, nbytes, stream, alignment=256):
         # Logged before the upstream frees: once it has, another thread may get the pointer again, and
         # its "allocate" must not reach the log ahead of this "free".
+        if type(ptr) is not int:  # the log holds ints (a float equal to a live pointer is refused)
+            ptr = check_pointer(ptr)
         buf = self._buf
         event = (self._tid(), self._time(), "free", ptr, nbytes,
                  stream.handle if type(stream) is Stream else stream_handle(stream))

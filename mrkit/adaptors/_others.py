@@ -56,6 +56,8 @@ class LimitingAdaptor(Adaptor):
     def deallocate(self, ptr, nbytes, stream, alignment=256):
         if type(nbytes) is not int:
             nbytes = check_request(nbytes, alignment, 1 << 62)
+        if type(ptr) is not int:  # the upstream gets the int (a float equal to a live pointer is refused)
+            ptr = check_pointer(ptr)
         self._up_free(ptr, nbytes, stream, alignment)
         if ptr:
             with self._lock:
@@ -87,12 +89,14 @@ class TrackingAdaptor(Adaptor):
         return ptr
 
     def deallocate(self, ptr, nbytes, stream, alignment=256):
+        if type(ptr) is not int:  # a float equal to a live pointer would find it in the table
+            ptr = check_pointer(ptr)
         if ptr == 0 and nbytes == 0:
             return self._up_free(ptr, nbytes, stream, alignment)
         with self._lock:
             entry = self._live.get(ptr)
             if entry is None:
-                raise ValueError(f"ptr {check_pointer(ptr):#x} was never handed out by {self!r} (or was "
+                raise ValueError(f"ptr {ptr:#x} was never handed out by {self!r} (or was "
                                  f"already freed)")
             if entry[0] != nbytes:
                 raise size_mismatch(nbytes, entry[0], ptr)

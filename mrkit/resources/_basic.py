@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from .._errors import CUDAError, OutOfMemoryError
-from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_request, size_mismatch, unknown_pointer
+from .._resource import (DEFAULT_ALIGNMENT, MemoryResource, check_device, check_pointer, check_request, size_mismatch,
+                         unknown_pointer)
 from .._sizes import format_size
 from .._stream import Stream, as_stream, check_stream
 from ..driver import Driver, get_driver
@@ -67,6 +68,8 @@ class _DriverResource(MemoryResource):
             stream = as_stream(stream, self.driver)
         if alignment is not DEFAULT_ALIGNMENT:
             check_request(0, alignment, self.max_alignment)  # every valid alignment is served alike
+        if type(ptr) is not int:  # a float equal to a live pointer would find it in the table
+            ptr = check_pointer(ptr)
         if ptr == 0 and nbytes == 0 and type(nbytes) is int:
             return
         nbytes = self._live.pop(ptr, nbytes)
@@ -225,8 +228,10 @@ class HostMemoryResource(MemoryResource):
 
     def deallocate(self, ptr, nbytes, stream, alignment=256):
         check_stream(stream)
-        if type(nbytes) is not int:
-            nbytes = check_request(nbytes, 256, 256)
+        if type(nbytes) is not int or alignment is not DEFAULT_ALIGNMENT:
+            nbytes = check_request(nbytes, alignment, self.max_alignment)
+        if type(ptr) is not int:  # a float equal to a live pointer would find it in the table
+            ptr = check_pointer(ptr)
         if ptr == 0 and nbytes == 0:
             return
         entry = self._arrays.get(ptr)

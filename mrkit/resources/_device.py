@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._errors import CUDAError, OutOfMemoryError
-from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_request
+from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_pointer, check_request
 from .._sizes import format_size, parse_size
 from .._stream import DEFAULT_STREAM, Stream, as_stream, device_scope
 from ..driver import POOL_ATTRIBUTES, Driver, get_driver
@@ -259,7 +259,9 @@ class DeviceMemoryResource(MemoryResource):
         if alignment is not DEFAULT_ALIGNMENT:
             check_request(0, alignment, self.max_alignment)  # every valid alignment is served alike
         live = self._live.live
-        if type(nbytes) is not int or live.get(ptr) != nbytes or ptr == 0:
+        if type(nbytes) is not int or type(ptr) is not int or live.get(ptr) != nbytes or ptr == 0:
+            if type(ptr) is not int:  # a float equal to a live pointer would find it in the table
+                ptr = check_pointer(ptr)
             if ptr == 0 and nbytes == 0 and type(nbytes) is int:
                 return
             nbytes = self._live.pop(ptr, nbytes)  # validates (the precise error) and forgets ptr
