@@ -119,13 +119,17 @@ def test_bad_input_on_every_resource(resource, case, op, exc, word):
 @pytest.mark.parametrize("resource", list(RESOURCES))
 def test_a_live_pointer_as_a_numpy_integer_frees_on_every_resource(resource):
     """The pointer given back as a NumPy integer (read from an array of pointers) frees the block; every
-    later pointer is an ``int``, and a log records the free as any other."""
+    later pointer is an ``int``, tables of live blocks hold ints, and a log records the free as any
+    other."""
     set_backend(SimDriver(policy="eager"))
     mr = RESOURCES[resource]()
     n = 3000
     for _ in range(4):  # the size becomes hot where the resource caches
         mr.deallocate(mr.allocate(n, DEFAULT_STREAM), n, DEFAULT_STREAM)
-    p = mr.allocate(n, DEFAULT_STREAM)
+    p = mr.allocate(np.int64(n), DEFAULT_STREAM)  # the size from an array too
+    outstanding = getattr(mr, "outstanding", None)
+    if callable(outstanding):
+        assert [(type(q), type(m)) for q, m in outstanding().items()] == [(int, int)]
     mr.deallocate(np.uint64(p), np.int64(n), DEFAULT_STREAM)
     assert (getattr(mr, "live_bytes", 0) or 0) == 0
     again = [mr.allocate(n, DEFAULT_STREAM) for _ in range(3)]

@@ -6,7 +6,7 @@ import traceback
 from typing import Callable
 
 from .._errors import OutOfMemoryError
-from .._resource import MemoryResource, check_pointer, check_request, size_mismatch
+from .._resource import MemoryResource, check_pointer, check_request, check_size, size_mismatch
 from .._sizes import format_size, parse_size
 from ._base import Adaptor
 
@@ -81,6 +81,8 @@ class TrackingAdaptor(Adaptor):
         self._live: dict[int, tuple[int, object, str | None]] = {}
 
     def allocate(self, nbytes, stream, alignment=256):
+        if type(nbytes) is not int:  # the table holds ints (a NumPy size is converted, a float refused)
+            nbytes = check_size(nbytes, "nbytes")
         ptr = self._up_alloc(nbytes, stream, alignment)
         if ptr:
             stack = "".join(traceback.format_stack(limit=16)[:-1]) if self.capture_stacks else None
