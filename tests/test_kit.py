@@ -93,6 +93,18 @@ class AcceptsDoubleFree(CudaMemoryResource):
         super().deallocate(ptr, nbytes, stream, alignment)
 
 
+class FreesAFloat(HostMemoryResource):
+    """Looks the pointer up in its table as given, as mrkit's own host resource did: a float equal to a
+    live pointer frees it."""
+
+    def deallocate(self, ptr, nbytes, stream, alignment=256):
+        entry = self._arrays.get(ptr)
+        if entry is not None and entry[1] == nbytes:
+            del self._arrays[ptr]
+            return
+        super().deallocate(ptr, nbytes, stream, alignment)
+
+
 BROKEN = {
     "reuse across streams without a wait": (lambda d: NoWaitPool(CudaMemoryResource(driver=d)), StreamOrderViolation),
     "off-by-one overlap": (lambda d: OverlappingBump(d), (AssertionError, StreamOrderViolation)),
@@ -133,6 +145,7 @@ def test_a_race_shrinks_to_a_short_readable_story():
     ("misaligned pointers", lambda d: Misaligned(driver=d)),
     ("off-by-one overlap", lambda d: OverlappingBump(d)),
     ("double free accepted", lambda d: AcceptsDoubleFree(driver=d)),
+    ("a float pointer freed", lambda d: FreesAFloat()),
 ])
 def test_conformance_rejects_broken_resource(name, factory):
     with pytest.raises(AssertionError, match="conformance check"):
