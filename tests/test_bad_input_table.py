@@ -143,6 +143,23 @@ def test_a_live_pointer_as_a_numpy_integer_frees_on_every_resource(resource):
     assert (getattr(mr, "live_bytes", 0) or 0) == 0
 
 
+@pytest.mark.parametrize("resource", list(RESOURCES))
+def test_a_block_freed_on_a_stream_closed_meanwhile_goes_back_on_every_resource(resource):
+    """The stream a block was allocated and used on is closed before the free that names it (a
+    CuPy or PyTorch stream collected meanwhile is the same case): the free waits for the device
+    instead of the stream, and the block goes back; the next blocks are usable."""
+    set_backend(drv := SimDriver(policy="eager"))
+    mr = RESOURCES[resource]()
+    s = Stream.create(driver=drv)
+    p = mr.allocate(3000, s)
+    s.close()
+    mr.deallocate(p, 3000, s)
+    assert (getattr(mr, "live_bytes", 0) or 0) == 0
+    q = mr.allocate(3000, DEFAULT_STREAM)
+    mr.deallocate(q, 3000, DEFAULT_STREAM)
+    assert (getattr(mr, "live_bytes", 0) or 0) == 0
+
+
 # -- entry points other than allocate/deallocate -----------------------------------------------------
 OTHER = [
     ("parse_size(-1)", lambda: mrkit.parse_size(-1, "limit"), ValueError, "limit"),

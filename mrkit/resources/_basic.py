@@ -122,7 +122,8 @@ class PinnedMemoryResource(_DriverResource):
 
     Flags: ``portable`` (usable from every context), ``devicemap`` (mapped into the device address
     space) and ``writecombined`` (fast host writes and device reads over PCIe, slow host reads).
-    Deallocation synchronises ``stream`` before ``cuMemFreeHost``. Pinned allocation is slow (it
+    Deallocation synchronises ``stream`` before ``cuMemFreeHost`` (the device, when ``stream`` is closed
+    or its CuPy/PyTorch owner collected). Pinned allocation is slow (it
     pins pages in the OS); put a :class:`~mrkit.PoolResource` on top for frequent
     allocations: ``PoolResource(PinnedMemoryResource())``.
     """
@@ -140,7 +141,10 @@ class PinnedMemoryResource(_DriverResource):
         return self.driver.mem_host_alloc(nbytes, self.portable, self.devicemap, self.writecombined)
 
     def _raw_free(self, ptr, stream):
-        self.driver.stream_synchronize(stream.handle)
+        if stream.alive is False:  # closed, or a collected CuPy/PyTorch stream: its work may still run
+            self.driver.ctx_synchronize(stream.device or 0)
+        else:
+            self.driver.stream_synchronize(stream.handle)
         self.driver.mem_free_host(ptr)
 
     def __eq__(self, other):
