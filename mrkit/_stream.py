@@ -13,6 +13,7 @@ looked up with one driver call each time (pass a :class:`Stream` to avoid it).
 from __future__ import annotations
 
 import contextlib
+import threading
 import weakref
 
 from .driver import Driver, get_driver
@@ -31,7 +32,7 @@ class Stream:
     Equality and hashing follow ``uid``, the driver's unique stream id, never the handle.
     """
 
-    __slots__ = ("handle", "uid", "device", "_driver", "_owning", "_closed", "_owner_ref", "__weakref__")
+    __slots__ = ("handle", "uid", "device", "_driver", "_owning", "_closed", "_closing", "_owner_ref", "__weakref__")
 
     def __init__(self, handle: int, uid: int, device: int | None, driver: Driver | None,
                  owning: bool = False, owner=None) -> None:
@@ -41,6 +42,7 @@ class Stream:
         self._driver = driver
         self._owning = owning
         self._closed = False
+        self._closing = threading.RLock() if owning else None  # held by close() and by hold()
         self._owner_ref = owner  # keeps a foreign owner alive when wrapped explicitly
 
     # -- construction -------------------------------------------------------------------
@@ -90,6 +92,14 @@ class Stream:
             return True  # an owner held strongly keeps the stream alive
         return None
 
+    def hold(self) -> "_Held":
+        """``with stream.hold() as alive:`` keeps the stream from being destroyed while inside, for work
+        on it from a thread that does not own it: an owning stream's :meth:`close` (from any thread)
+        waits until the block ends, and a wrapped stream's CuPy/cuda.core owner stays referenced.
+        ``alive`` is :attr:`alive` read inside: use the handle only when it is ``True`` (mrkit's
+        hand-overs and trims do, and wait for the device otherwise)."""
+        return _Held(self)
+
     def __cuda_stream__(self):
         return (0, self.handle)
 
@@ -116,10 +126,14 @@ class Stream:
         order_after(self.driver, other.device or 0, self.handle, other.handle)
 
     def close(self) -> None:
-        """Destroy an owning stream (work already enqueued still completes); no-op otherwise."""
+        """Destroy an owning stream (work already enqueued still completes); no-op otherwise. Waits
+        while another thread holds the stream (:meth:`hold`)."""
         if self._owning and not self._closed:
-            self._closed = True
-            self._driver.stream_destroy(self.handle)
+            with self._closing:
+                if self._closed:
+                    return
+                self._closed = True
+                self._driver.stream_destroy(self.handle)
 
     def __enter__(self) -> "Stream":
         return self
@@ -142,6 +156,35 @@ class Stream:
             return "mrkit.PER_THREAD_DEFAULT_STREAM"
         kind = "owning" if self._owning else "borrowed"
         return f"<mrkit.Stream {kind} handle={self.handle:#x} id={self.uid} device={self.device}>"
+
+
+class _Held:
+    """What :meth:`Stream.hold` returns: a context manager whose value is whether the stream is alive,
+    and which keeps it so until it exits."""
+
+    __slots__ = ("_stream", "_owner", "_lock")
+
+    def __init__(self, stream: Stream) -> None:
+        self._stream, self._owner, self._lock = stream, None, None
+
+    def __enter__(self) -> bool | None:
+        s = self._stream
+        if s.uid < 0:
+            return True
+        if s._owning:
+            lock = self._lock = s._closing
+            lock.acquire()
+            return not s._closed
+        ref = s._owner_ref
+        if isinstance(ref, weakref.ref):
+            self._owner = ref()  # a strong reference until exit: the owner cannot die (and destroy the stream)
+            return self._owner is not None
+        return True if ref is not None else None
+
+    def __exit__(self, *exc) -> None:
+        lock, self._lock, self._owner = self._lock, None, None
+        if lock is not None:
+            lock.release()
 
 
 #: The legacy default stream (handle 0) of whichever device and driver uses it.

@@ -356,19 +356,24 @@ class Arena:
         """Make future work on ``dst`` wait for the work queued so far on ``src`` (one event), or
         synchronise the device when ``src`` may no longer exist."""
         drv = self.driver or get_driver()
-        if not src.alive:
-            drv.ctx_synchronize(self.device_id or 0)
-            return
-        if self.event is None:
-            self.event = drv.event_create(self.device_id or 0)
-        with device_scope(drv, self.device_id or 0, src, dst):
-            drv.event_record(self.event, src.handle)
-            drv.stream_wait_event(dst.handle, self.event)
+        with src.hold() as alive:  # src's own thread may close it meanwhile: it waits until the event is recorded
+            if not alive:
+                drv.ctx_synchronize(self.device_id or 0)
+                return
+            if self.event is None:
+                self.event = drv.event_create(self.device_id or 0)
+            with device_scope(drv, self.device_id or 0, src, dst):
+                drv.event_record(self.event, src.handle)
+                drv.stream_wait_event(dst.handle, self.event)
 
     def wait_for(self, stream: Stream) -> None:
-        """Synchronise ``stream`` (one mrkit knows to be alive)."""
-        with device_scope(self.driver, self.device_id or 0, stream):
-            self.driver.stream_synchronize(stream.handle)
+        """Synchronise ``stream`` (one mrkit knew to be alive: if it was closed since, the device)."""
+        with stream.hold() as alive:  # held open for the wait
+            if alive is not True:
+                self.driver.ctx_synchronize(self.device_id or 0)
+                return
+            with device_scope(self.driver, self.device_id or 0, stream):
+                self.driver.stream_synchronize(stream.handle)
 
     # -- the locked allocation path ---------------------------------------------------------------
     def take(self, size: int, stream: Stream) -> int:

@@ -822,15 +822,18 @@ class _VirtualChunks(ChunkSource):
         for st, run in candidates:
             by_state.setdefault(id(st), (st, []))[1].append(run)
         for st, runs in by_state.values():
-            by_block: dict[int, list] = {}
-            for first, n, h, lo, hi, block in runs:
-                by_block.setdefault(block, []).append((lo, hi))
-            for block, spans in by_block.items():  # carve the runs out: the gaps stay free
-                for lo, hi in sorted(spans):
-                    block = st.free.cut(block, lo, hi - lo)
-            ev = drv.event_create(self.device_id)
-            with device_scope(drv, self.device_id, st.stream):
-                drv.event_record(ev, st.stream.handle)
+            with st.stream.hold() as alive:  # its own thread may close it meanwhile: held for the event
+                if alive is not True:  # closed since the runs were chosen: left in place for trim()
+                    continue
+                by_block: dict[int, list] = {}
+                for first, n, h, lo, hi, block in runs:
+                    by_block.setdefault(block, []).append((lo, hi))
+                for block, spans in by_block.items():  # carve the runs out: the gaps stay free
+                    for lo, hi in sorted(spans):
+                        block = st.free.cut(block, lo, hi - lo)
+                ev = drv.event_create(self.device_id)
+                with device_scope(drv, self.device_id, st.stream):
+                    drv.event_record(ev, st.stream.handle)
             self._pending.append((ev, st.stream, [r[:5] for r in runs]))
             self._pending_bytes += sum(r[4] - r[3] for r in runs)
         return released + self._drain_pending(wait=False)
