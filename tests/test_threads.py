@@ -558,22 +558,16 @@ def test_a_stream_closed_while_a_non_blocking_trim_records_its_event_loses_nothi
     assert mr.live_bytes == 0 and mr.mapped_bytes == 0
 
 
-@pytest.mark.parametrize("make", [
-    pytest.param(lambda drv: PoolResource(CudaMemoryResource(driver=drv)), id="pool"),
-    pytest.param(lambda drv: VirtualMemoryResource(driver=drv), id="vmm"),
-])
-def test_threads_closing_their_streams_beside_release_lose_nothing(make):
-    """Six threads each make a stream, allocate on it, free some blocks on a second stream ordered after
-    it and some on the first after closing it, then close both, over and over, while another thread
-    releases: no error, nothing handed out twice, every byte back."""
-    drv = SimDriver([SimDeviceSpec(total_memory=1 << 30)])
-    mr = make(drv)
+def _close_streams_beside_release(mr, drv, threads: int, rounds: int) -> None:
+    """``threads`` threads each make a stream, allocate on it, free some blocks on a second stream
+    ordered after it and some on the first after closing it, then close both, ``rounds`` times, while
+    another thread releases ``mr``: no error, nothing handed out twice, nothing live at the end."""
     handed = HandOuts()
 
     def worker(errors, seed):
         rng = random.Random(seed)
         try:
-            for _ in range(60):
+            for _ in range(rounds):
                 s, other = Stream.create(driver=drv), Stream.create(driver=drv)
                 blocks = [(mr.allocate(n, s), n) for n in (rng.randrange(1, 1 << 18) for _ in range(rng.randrange(1, 12)))]
                 for p, _ in blocks:
@@ -592,10 +586,41 @@ def test_threads_closing_their_streams_beside_release_lose_nothing(make):
         except BaseException as exc:  # pragma: no cover - reported by the test
             errors.append(exc)
 
-    _race([lambda errors, i=i: worker(errors, i) for i in range(6)], mr.release, 0.0)
+    _race([lambda errors, i=i: worker(errors, i) for i in range(threads)], mr.release, 0.0)
     assert mr.live_bytes == 0
     mr.release()
+
+
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda drv: PoolResource(CudaMemoryResource(driver=drv)), id="pool"),
+    pytest.param(lambda drv: VirtualMemoryResource(driver=drv), id="vmm"),
+])
+def test_threads_closing_their_streams_beside_release_lose_nothing(make):
+    """Six threads closing the streams their blocks were freed on, beside a thread releasing: every
+    byte back upstream."""
+    drv = SimDriver([SimDeviceSpec(total_memory=1 << 30)])
+    mr = make(drv)
+    _close_streams_beside_release(mr, drv, threads=6, rounds=60)
     if isinstance(mr, PoolResource):
         assert mr.pool_size == 0 and sum(n for _, n, k in drv.regions() if k == "device") == 0
     else:
         assert mr.mapped_bytes == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["pool(device)", "vmm"])
+def test_threads_closing_their_streams_beside_release_on_the_gpu(gpu, kind):
+    """The same on the real driver, where a destroyed stream's handle is reused by the next stream
+    made: 8 threads x 300 rounds, release() in a loop; then nothing held."""
+    sys.setswitchinterval(0.005)
+    if kind == "vmm":
+        mr = VirtualMemoryResource(0, VirtualMemoryResourceOptions(reserve_size=64 << 30), driver=gpu)
+    else:
+        mr = PoolResource(DeviceMemoryResource(0, driver=gpu))
+    _close_streams_beside_release(mr, gpu, threads=8, rounds=300)
+    if kind == "vmm":
+        assert mr.mapped_bytes == 0 and mr.physical_bytes == 0
+    else:
+        assert mr.pool_size == 0
+    gpu.ctx_synchronize(0)
+    mr.close()
