@@ -169,17 +169,12 @@ class _Held:
 
     def __enter__(self) -> bool | None:
         s = self._stream
-        if s.uid < 0:
-            return True
         if s._owning:
-            lock = self._lock = s._closing
-            lock.acquire()
-            return not s._closed
-        ref = s._owner_ref
-        if isinstance(ref, weakref.ref):
-            self._owner = ref()  # a strong reference until exit: the owner cannot die (and destroy the stream)
-            return self._owner is not None
-        return True if ref is not None else None
+            self._lock = s._closing
+            self._lock.acquire()  # close() waits until exit
+        elif isinstance(s._owner_ref, weakref.ref):
+            self._owner = s._owner_ref()  # a strong reference until exit: the owner cannot die meanwhile
+        return s.alive
 
     def __exit__(self, *exc) -> None:
         lock, self._lock, self._owner = self._lock, None, None

@@ -357,7 +357,7 @@ class Arena:
         synchronise the device when ``src`` may no longer exist."""
         drv = self.driver or get_driver()
         with src.hold() as alive:  # src's own thread may close it meanwhile: it waits until the event is recorded
-            if not alive:
+            if alive is not True:
                 drv.ctx_synchronize(self.device_id or 0)
                 return
             if self.event is None:
