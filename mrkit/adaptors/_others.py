@@ -56,8 +56,6 @@ class LimitingAdaptor(Adaptor):
     def deallocate(self, ptr, nbytes, stream, alignment=256):
         if type(nbytes) is not int:
             nbytes = check_request(nbytes, alignment, 1 << 62)
-        if type(ptr) is not int:  # the upstream gets the int (a float equal to a live pointer is refused)
-            ptr = check_pointer(ptr)
         self._up_free(ptr, nbytes, stream, alignment)
         if ptr:
             with self._lock:
