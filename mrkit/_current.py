@@ -4,11 +4,13 @@ Sits above the resources, adaptors and the spec builder (it builds the default r
 ``MRKIT_RESOURCE``), so nothing below it needs a lazy import."""
 from __future__ import annotations
 
+import copyreg
 import os
 import threading
 from contextlib import contextmanager
 
-from ._resource import MemoryResource
+from ._resource import Buffer, MemoryResource
+from ._stream import DEFAULT_STREAM
 from ._spec import SpecError, build_resource, parse_spec, spec_devices
 from .driver import get_driver
 from .resources import CudaMemoryResource, DeviceMemoryResource
@@ -162,3 +164,16 @@ def rebuild_all(factory) -> None:
 
 def _reset_current_resources() -> None:
     rebuild_all(None)
+
+
+# -- a Buffer pickles by value (as rmm.DeviceBuffer does): its bytes, unpickled into the current
+# resource of the receiving process on the default stream. Registered here, above the resources.
+def _buffer_from_bytes(data: bytes, alignment: int) -> Buffer:
+    return Buffer.from_bytes(data, get_current_resource(), DEFAULT_STREAM, alignment)
+
+
+def _reduce_buffer(buf: Buffer):
+    return _buffer_from_bytes, (buf.tobytes(), buf.alignment)
+
+
+copyreg.pickle(Buffer, _reduce_buffer)

@@ -1,8 +1,10 @@
 """The ``MemoryResource`` protocol, ``Buffer`` and argument checks."""
 from __future__ import annotations
 
+import ctypes
 import operator
 
+from ._owned import Owned
 from ._stream import DEFAULT_STREAM, Stream, as_stream, order_after
 from .driver import get_driver
 
@@ -102,7 +104,7 @@ class UpstreamAccess:
         return self.upstream.host_accessible
 
 
-class MemoryResource:
+class MemoryResource(Owned):
     """Base class of every mrkit resource and adaptor.
 
     The protocol is stream-ordered:
@@ -115,9 +117,14 @@ class MemoryResource:
     * properties ``device_accessible``, ``host_accessible``, ``device_id`` (``None`` for host-only
       memory) and ``max_alignment``; equality (two resources are equal when memory from one may be
       freed by the other).
+
+    A resource is shared by reference: ``copy.copy`` and ``copy.deepcopy`` return it, and pickling
+    raises ``TypeError`` (a subclass that can be rebuilt elsewhere may define ``__reduce__``).
     """
 
     __slots__ = ("__weakref__",)
+    _pickle_advice = ("; build the resource in the other process instead, e.g. with "
+                      "mrkit.resource_from_spec('pool(device)') (mrkit.dask sends a spec to each worker)")
 
     device_accessible: bool = False
     host_accessible: bool = False
@@ -141,6 +148,10 @@ class MemoryResource:
     def __repr__(self) -> str:
         extra = self._describe()
         return f"{type(self).__name__}({extra})"
+
+
+def _driver_of(mr):
+    return getattr(mr, "driver", None) or get_driver()
 
 
 class Buffer:
@@ -174,6 +185,71 @@ class Buffer:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    # -- copies: two buffers never own one block ------------------------------------------
+    @classmethod
+    def from_bytes(cls, data, resource: MemoryResource, stream=DEFAULT_STREAM, alignment: int = 256) -> "Buffer":
+        """A new buffer from ``resource`` holding ``data`` (bytes-like), written on ``stream``."""
+        data = memoryview(data).cast("B")
+        s = as_stream(stream)
+        buf = resource.allocate_buffer(len(data), s, alignment)
+        try:
+            if not data.nbytes:
+                pass
+            elif resource.device_accessible:
+                _driver_of(resource).copy_from_host(buf.ptr, data, s.handle)
+            else:
+                ctypes.memmove(buf.ptr, bytes(data), data.nbytes)
+        except BaseException:
+            buf.close()
+            raise
+        return buf
+
+    def tobytes(self, stream=None) -> bytes:
+        """The buffer's bytes, read after the work on ``stream`` (default: the buffer's), which is
+        synchronised."""
+        mr = self._open()
+        if not self.size:
+            return b""
+        if mr.device_accessible:
+            s = self.stream if stream is None else as_stream(stream)
+            return _driver_of(mr).copy_to_host(self.ptr, self.size, s.handle)
+        return ctypes.string_at(self.ptr, self.size)
+
+    def copy(self, stream=None) -> "Buffer":
+        """A new buffer of the same size and alignment from the same resource, holding this buffer's
+        bytes: allocated and copied on ``stream`` (default: this buffer's), which is first ordered
+        after the work on this buffer's stream. ``copy.copy`` and ``copy.deepcopy`` call it. Pickling
+        is by value too: the bytes, unpickled into the current resource of the receiving process."""
+        mr = self._open()
+        s = self.stream if stream is None else as_stream(stream)
+        new = mr.allocate_buffer(self.size, s, self.alignment)
+        try:
+            if not self.size:
+                pass
+            elif mr.device_accessible:
+                drv = _driver_of(mr)
+                if s != self.stream:
+                    order_after(drv, mr.device_id or 0, s.handle, self.stream.handle)
+                drv.memcpy_async(new.ptr, self.ptr, self.size, s.handle)
+            else:
+                ctypes.memmove(new.ptr, self.ptr, self.size)
+        except BaseException:
+            new.close()
+            raise
+        return new
+
+    def __copy__(self) -> "Buffer":
+        return self.copy()
+
+    def __deepcopy__(self, memo) -> "Buffer":
+        return self.copy()
+
+    def _open(self) -> MemoryResource:
+        mr = self.resource
+        if mr is None:
+            raise ValueError("the buffer is closed")
+        return mr
+
     def __del__(self) -> None:
         try:
             self.close()
@@ -185,9 +261,7 @@ class Buffer:
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        if self.resource is None:
-            raise ValueError("the buffer is closed")
-        if not self.resource.device_accessible:
+        if not self._open().device_accessible:
             raise AttributeError("host-only memory has no __cuda_array_interface__")
         h = self.stream.handle
         return {"shape": (self.size,), "typestr": "|u1", "data": (self.ptr or 0, False),
@@ -210,7 +284,7 @@ class Buffer:
                 raise ValueError(f"stream must be a CUDA stream handle int (not 0), got {stream!r}")
             consumer = 0 if stream == 1 else stream
             if consumer != self.stream.handle:
-                drv = getattr(self.resource, "driver", None) or get_driver()
+                drv = _driver_of(self.resource)
                 order_after(drv, self.resource.device_id or 0, consumer, self.stream.handle)
         versioned = max_version is not None and tuple(max_version)[0] >= 1
         return to_dlpack_capsule(self, versioned)

@@ -16,6 +16,7 @@ import contextlib
 import threading
 import weakref
 
+from ._owned import Owned
 from .driver import Driver, get_driver
 
 __all__ = ["Stream", "Event", "DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM", "as_stream", "check_stream", "order_after"]
@@ -24,15 +25,24 @@ _LEGACY_UID = -1
 _PER_THREAD_UID = -2
 
 
-class Stream:
+class Stream(Owned):
     """A CUDA stream: owning (made by :meth:`create`, destroyed by :meth:`close`) or non-owning
     (:meth:`wrap`, :func:`as_stream`). ``driver`` is ``None`` only for the two default streams,
     which mean "the default stream of whichever driver and device uses them".
 
-    Equality and hashing follow ``uid``, the driver's unique stream id, never the handle.
+    Equality and hashing follow ``uid``, the driver's unique stream id, never the handle. A copy is
+    the stream itself; only the two default streams pickle (as themselves).
     """
 
     __slots__ = ("handle", "uid", "device", "_driver", "_owning", "_closed", "_closing", "_owner_ref", "__weakref__")
+    _pickle_advice = "; create a stream in the other process (the two default streams pickle)"
+
+    def __reduce__(self):
+        if self.uid == _LEGACY_UID:
+            return "DEFAULT_STREAM"
+        if self.uid == _PER_THREAD_UID:
+            return "PER_THREAD_DEFAULT_STREAM"
+        return super().__reduce__()
 
     def __init__(self, handle: int, uid: int, device: int | None, driver: Driver | None,
                  owning: bool = False, owner=None) -> None:
@@ -188,7 +198,7 @@ DEFAULT_STREAM = Stream(0, _LEGACY_UID, None, None)
 PER_THREAD_DEFAULT_STREAM = Stream(2, _PER_THREAD_UID, None, None)
 
 
-class Event:
+class Event(Owned):
     """A CUDA event (timing disabled). Owning; :meth:`close` destroys it."""
 
     __slots__ = ("handle", "device", "_driver", "_closed")

@@ -1,6 +1,8 @@
 """The testing kit over every shipped resource, and the broken resources it must reject."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -169,3 +171,56 @@ def test_out_of_memory_in_the_machine_leaves_state_intact():
     run_state_machine_as_test(machine, settings=settings(max_examples=30, stateful_step_count=40, deadline=None))
     with pytest.raises(OutOfMemoryError):
         mrkit.LimitingAdaptor(HostMemoryResource(), 10).allocate(11, mrkit.DEFAULT_STREAM)
+
+
+class CopiedFreeLists(mrkit.MemoryResource):
+    """Keeps freed blocks per size for reuse and deep-copies as a plain object does: the copy's free
+    lists and table are duplicates, so the copy and the original hand out the same block, and a block
+    freed through one is freed again through the other (mrkit's host resource copied its table so)."""
+
+    device_accessible, host_accessible, device_id = True, False, 0
+
+    def __init__(self, driver):
+        self.up = CudaMemoryResource(driver=driver)
+        self.cached, self.live = {}, {}
+
+    def allocate(self, nbytes, stream, alignment=256):
+        lst = self.cached.get(nbytes)
+        p = lst.pop() if lst else self.up.allocate(nbytes, stream, alignment)
+        self.live[p] = nbytes
+        return p
+
+    def deallocate(self, ptr, nbytes, stream, alignment=256):
+        if self.live.pop(ptr, None) != nbytes:
+            raise ValueError(f"ptr {ptr:#x} is not live here with size {nbytes}")
+        self.cached.setdefault(nbytes, []).append(ptr)
+
+    def __deepcopy__(self, memo):  # plainly, as object.__reduce_ex__ would
+        dup = object.__new__(type(self))
+        dup.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return dup
+
+
+class CopiedTable(CopiedFreeLists):
+    """Deep-copies its table of live blocks but starts with no free blocks: only the second free of a
+    block, through the copy, shows that both own it."""
+
+    def __deepcopy__(self, memo):
+        dup = super().__deepcopy__(memo)
+        dup.cached = {}
+        return dup
+
+
+@pytest.mark.parametrize("factory", [lambda d: CopiedFreeLists(d), lambda d: CopiedTable(d)],
+                         ids=["a copy hands out the original's free block", "a copy frees the original's block"])
+def test_the_copies_check_rejects_a_resource_whose_copy_owns_its_memory(factory):
+    with pytest.raises(AssertionError, match="check 'copies' failed.*(both own|owned)"):
+        run_conformance(factory, checks=["copies"], backend="sim")
+
+
+def test_the_copies_check_accepts_a_copy_that_owns_memory_of_its_own():
+    class Fresh(CopiedFreeLists):
+        def __deepcopy__(self, memo):
+            return type(self)(self.up.driver)
+
+    assert run_conformance(lambda d: Fresh(d), checks=["copies"], backend="sim") == ["copies"]

@@ -83,7 +83,7 @@ def test_no_import_circles():
             visit(n)
 
 
-LOWER = ["mrkit._errors", "mrkit._sizes", "mrkit.driver", "mrkit._stream", "mrkit._dlpack", "mrkit._resource",
+LOWER = ["mrkit._errors", "mrkit._sizes", "mrkit._owned", "mrkit.driver", "mrkit._stream", "mrkit._dlpack", "mrkit._resource",
          "mrkit._engine", "mrkit.resources", "mrkit.adaptors", "mrkit._spec", "mrkit._current"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._errors import CUDAError, OutOfMemoryError
+from .._owned import Owned
 from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_pointer, check_request
 from .._sizes import format_size, parse_size
 from .._stream import DEFAULT_STREAM, Stream, as_stream, device_scope
@@ -47,7 +48,7 @@ class DeviceMemoryResourceOptions:
             raise ValueError(f"initial_size {self.initial_size} exceeds max_size {self.max_size}")
 
 
-class MemoryPool:
+class MemoryPool(Owned):
     """A driver memory pool: attributes, trimming, access from other devices and IPC.
 
     A pool mrkit created (``owned``) may be configured freely and is destroyed by :meth:`close`.
@@ -57,6 +58,7 @@ class MemoryPool:
     """
 
     __slots__ = ("handle", "device", "driver", "owned", "imported", "_closed")
+    _pickle_advice = "; share it with export_handle() and MemoryPool.from_shareable_handle()"
 
     def __init__(self, handle: int, device: int, driver: Driver, owned: bool, imported: bool = False) -> None:
         self.handle, self.device, self.driver = handle, device, driver

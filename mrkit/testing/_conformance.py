@@ -1,6 +1,7 @@
 """The conformance suite: checks every resource must pass, as plain functions (no pytest needed)."""
 from __future__ import annotations
 
+import copy
 import ctypes
 import random
 from dataclasses import dataclass
@@ -231,6 +232,52 @@ def check_cross_stream_free(h: Harness) -> None:
             x.close()
 
 
+def check_copies(h: Harness) -> None:
+    """``copy.copy`` and ``copy.deepcopy`` make no second owner of the resource's memory: the copy is
+    the resource itself, or copying is refused, or else the copy neither hands out a block the original
+    also hands out nor frees the original's blocks a second time."""
+    mr, s = h.mr, DEFAULT_STREAM
+    mine: list = []  # (owner, ptr, nbytes) to give back
+    failed = False
+    try:
+        for how in (copy.copy, copy.deepcopy):
+            kept = mr.allocate(4096, s)
+            mine.append((mr, kept, 4096))
+            spare = mr.allocate(4096, s)
+            mr.deallocate(spare, 4096, s)  # a free block a copied free list would hold too
+            try:
+                dup = how(mr)
+            except Exception:  # refused: no second owner
+                continue
+            if dup is mr:
+                continue
+            a = mr.allocate(4096, s)
+            mine.append((mr, a, 4096))
+            b = dup.allocate(4096, s)
+            mine.append((dup, b, 4096))
+            if a and b and a < b + 4096 and b < a + 4096:
+                _fail(f"copy.{how.__name__} of the resource hands out [{b:#x}, +4096) while the original "
+                      f"also handed out [{a:#x}, +4096): both own the memory")
+            mine.remove((mr, kept, 4096))
+            mr.deallocate(kept, 4096, s)
+            try:
+                dup.deallocate(kept, 4096, s)
+            except (ValueError, TypeError):
+                continue
+            _fail(f"a block freed through the resource was freed again through its copy.{how.__name__}: "
+                  f"the copy owned {kept:#x} too")
+    except AssertionError:
+        failed = True
+        raise
+    finally:
+        for owner, p, n in mine:
+            try:
+                owner.deallocate(p, n, s)
+            except Exception:  # noqa: BLE001 - after a finding, a shared block frees once: report the finding
+                if not failed:
+                    raise
+
+
 CHECKS: dict[str, Callable[[Harness], None]] = {
     "properties": check_properties,
     "zero_size": check_zero_size,
@@ -240,6 +287,7 @@ CHECKS: dict[str, Callable[[Harness], None]] = {
     "bad_arguments": check_bad_arguments,
     "memory_usable": check_memory_usable,
     "cross_stream_free": check_cross_stream_free,
+    "copies": check_copies,
 }
 
 

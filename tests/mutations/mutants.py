@@ -160,6 +160,9 @@ MUTANTS = [
            "            entry[0].deallocate(ptr, entry[1], entry[2])",
            "            get_current_resource(device).deallocate(ptr, entry[1], entry[2])",
            ("pool(cuda)", "statistics(pool(device))")),
+    Mutant("a deep copy of a resource owns its memory too", "_owned.py",
+           "    def __deepcopy__(self, memo):\n        return self\n\n    def __reduce__(self):",
+           "    def _reduce_unused(self):", ("host",)),
     # -- the simulator's race checker itself -------------------------------------------------------------
     Mutant("checker ignores reads", "driver/sim/_checker.py",
            "        self.checks += 1\n        if n <= 0:", "        self.checks += 1\n        if n <= 0 or kind == 'read':",

@@ -1,0 +1,48 @@
+"""Copying and pickling what mrkit hands you: resources are shared, buffers are copied by value.
+
+A training configuration holding a pool is deep-copied (the copy shares the pool: two pools owning one
+chunk would free it twice); a buffer is copied with ``copy.copy`` and its original freed and reused
+(the copy keeps its bytes); a resource refuses pickling with a TypeError naming it; a buffer pickles as
+its bytes into the current resource of whoever unpickles it. At the end every byte is back upstream.
+
+Runs on a GPU if there is one, else on mrkit's simulated device:  python examples/21_copies_and_pickles.py
+"""
+import copy
+import pickle
+
+import mrkit
+
+drv = mrkit.get_driver()  # the GPU if there is one, else the simulated device (with one warning)
+base = mrkit.TrackingAdaptor(mrkit.CudaMemoryResource(driver=drv))  # what the pool holds upstream
+pool = mrkit.TrackingAdaptor(mrkit.PoolResource(base))               # what users hold from the pool
+
+config = {"mr": pool, "batch_sizes": [32, 64], "name": "run-1"}
+trial = copy.deepcopy(config)
+trial["batch_sizes"].append(128)
+assert trial["mr"] is pool and config["batch_sizes"] == [32, 64]
+print("deepcopy of a config: the pool is shared, the rest copied")
+
+weights = mrkit.Buffer.from_bytes(bytes(range(256)) * 64, pool)
+backup = copy.copy(weights)
+weights.close()
+scratch = mrkit.Buffer.from_bytes(b"\xff" * weights.size, pool)  # may reuse the freed block
+assert backup.tobytes() == bytes(range(256)) * 64 and backup.ptr != weights.ptr
+print(f"copy.copy(buffer): a new block at {backup.ptr:#x} with the same {backup.size} bytes")
+
+try:
+    pickle.dumps(config)
+    raise SystemExit("a resource must not pickle")
+except TypeError as exc:
+    print(f"pickle.dumps(config): TypeError: {str(exc)[:60]}...")
+
+other = mrkit.TrackingAdaptor(mrkit.CudaMemoryResource(driver=drv))
+with mrkit.using(other):
+    received = pickle.loads(pickle.dumps(backup))
+assert received.resource is other and received.tobytes() == backup.tobytes()
+print("pickle of a buffer: its bytes, unpickled into the current resource")
+
+for buf in (backup, scratch, received):
+    buf.close()
+pool.upstream.release()
+assert pool.outstanding() == {} and other.outstanding() == {} and base.outstanding() == {}
+print("every block freed once and every byte back upstream")
