@@ -52,6 +52,7 @@ class LoggingAdaptor(Adaptor):
         if isinstance(sink, (str, os.PathLike)):
             self._file = open(sink, "w", encoding="ascii", newline="")
             self._owns, self._path = True, os.fspath(sink)
+            _owned_files[id(self)] = self._file
         elif hasattr(sink, "write"):
             self._file, self._owns, self._path = sink, False, None
         else:
@@ -145,6 +146,16 @@ class LoggingAdaptor(Adaptor):
                 if self._owns:
                     self._file.close()
             self._buf = _CLOSED
+        _owned_files.pop(id(self), None)
+
+    def __del__(self) -> None:
+        # Dropped without close(): the buffered events are written and a path's file closed, as a
+        # Python file closes itself. In a garbage cycle the file is not finalized first: _owned_files
+        # holds it until then.
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter teardown, or a sink its owner closed
+            pass
 
     @property
     def closed(self) -> bool:
@@ -167,6 +178,7 @@ _CLOSED_MESSAGE = ("this LoggingAdaptor is closed: it serves no more allocations
 _CLOSED = _Closed()
 LoggingAdaptor._write.__defaults__ = (_LINE.__mod__, HEADER, open)
 _open_logs: "weakref.WeakSet[LoggingAdaptor]" = weakref.WeakSet()
+_owned_files: dict = {}  # id(log) -> the file of a log given a path, until the log is closed
 
 
 class _Flusher:
@@ -197,12 +209,7 @@ class _Flusher:
             self._wake.clear()
             if self.stopped:
                 return
-            for log in list(_open_logs):
-                if log._buf and log.flush_interval is not None:
-                    try:
-                        log.flush()
-                    except Exception:  # pragma: no cover - a sink closed by its owner meanwhile
-                        _open_logs.discard(log)
+            _flush_waiting()  # a function: no log stays referenced by this frame while it sleeps
 
     def stop(self) -> None:
         with self._lock:
@@ -211,6 +218,15 @@ class _Flusher:
 
 
 _flusher = _Flusher()
+
+
+def _flush_waiting() -> None:
+    for log in list(_open_logs):
+        if log._buf and log.flush_interval is not None:
+            try:
+                log.flush()
+            except Exception:  # pragma: no cover - a sink closed by its owner meanwhile
+                _open_logs.discard(log)
 
 
 @atexit.register

@@ -1,0 +1,172 @@
+"""Resources dropped without ``close()``: what they hold goes back and what they recorded is kept, as
+Python's own files and RMM's and CuPy's pools do. The collector may finalize a resource in any thread
+at any moment, so nothing here may take another resource's lock inline."""
+from __future__ import annotations
+
+import gc
+import io
+import weakref
+
+from mrkit import DEFAULT_STREAM, CudaMemoryResource, LoggingAdaptor, read_log
+
+
+def _drop(make):
+    """Build with ``make()``, return a weak reference after the last strong one is gone."""
+    obj = make()
+    ref = weakref.ref(obj)
+    del obj
+    gc.collect()
+    assert ref() is None, "the resource is still referenced somewhere"
+    return ref
+
+
+def _two_events(lg):
+    p = lg.allocate(100, DEFAULT_STREAM)
+    lg.deallocate(p, 100, DEFAULT_STREAM)
+    return lg
+
+
+def test_a_dropped_log_writes_its_buffered_events_to_its_file(sim, tmp_path):
+    path = tmp_path / "mem.csv"
+    _drop(lambda: _two_events(LoggingAdaptor(CudaMemoryResource(0), path, buffer_lines=1000,
+                                             flush_interval=None)))
+    events = read_log(path)
+    assert [e.action for e in events] == ["allocate", "free"]
+
+
+def test_a_dropped_log_in_a_reference_cycle_keeps_its_events(sim, tmp_path):
+    path = tmp_path / "mem.csv"
+
+    def make():
+        lg = _two_events(LoggingAdaptor(CudaMemoryResource(0), path, buffer_lines=1000, flush_interval=None))
+        holder = {"log": lg}
+        holder["self"] = holder  # garbage only the collector finds: its file may be finalized first
+        return lg
+
+    lg = make()
+    ref = weakref.ref(lg)
+    del lg
+    gc.collect()
+    assert ref() is None
+    assert [e.action for e in read_log(path)] == ["allocate", "free"]
+
+
+def test_a_log_the_timer_has_flushed_is_collected_when_dropped(sim, tmp_path):
+    import time
+
+    path = tmp_path / "mem.csv"
+    lg = _two_events(LoggingAdaptor(CudaMemoryResource(0), path, buffer_lines=1000, flush_interval=0.01))
+    deadline = time.monotonic() + 10
+    while lg._buf and time.monotonic() < deadline:  # the flusher thread writes the two events
+        time.sleep(0.01)
+    time.sleep(0.05)  # and goes back to sleep, having looked at this log
+    ref = weakref.ref(lg)
+    del lg
+    gc.collect()
+    assert ref() is None, "the flusher thread kept the log alive"
+    assert [e.action for e in read_log(path)] == ["allocate", "free"]
+
+
+def test_a_dropped_log_flushes_into_a_sink_it_does_not_own_and_leaves_it_open(sim):
+    sink = io.StringIO()
+    _drop(lambda: _two_events(LoggingAdaptor(CudaMemoryResource(0), sink, buffer_lines=1000, flush_interval=None)))
+    assert not sink.closed
+    assert [e.action for e in read_log(io.StringIO(sink.getvalue()))] == ["allocate", "free"]
+
+
+# -- caching resources: a dropped pool, binning resource or VMM gives its free memory back -----------
+import threading  # noqa: E402
+
+import pytest  # noqa: E402
+
+from mrkit import BinningResource, PoolResource, Stream, TrackingAdaptor, VirtualMemoryResource  # noqa: E402
+
+SIZES = (100, 5000, 1 << 20, 3 << 20, 40 << 20)
+
+
+def _use(mr, streams):
+    """Allocate and free on each stream; return nothing live."""
+    for s in streams:
+        ptrs = [(mr.allocate(n, s), n) for n in SIZES]
+        for p, n in ptrs:
+            mr.deallocate(p, n, s)
+
+
+UPSTREAM_KINDS = {"pool": PoolResource, "binning": lambda up: BinningResource(up, "64 KiB")}
+
+
+@pytest.mark.parametrize("kind", sorted(UPSTREAM_KINDS))
+def test_a_dropped_caching_resource_gives_its_chunks_back_upstream(sim, kind):
+    up = TrackingAdaptor(CudaMemoryResource(0))
+    streams = [Stream.create(), Stream.create()]
+
+    def make():
+        mr = UPSTREAM_KINDS[kind](up)
+        _use(mr, streams)
+        assert up.outstanding()
+        return mr
+
+    _drop(make)
+    PoolResource(CudaMemoryResource(0))  # the next caching resource built gives back what was dropped
+    assert up.outstanding() == {}
+    for s in streams:
+        s.close()
+
+
+def test_a_dropped_pool_keeps_only_the_chunks_that_hold_a_block_still_out(sim):
+    up = TrackingAdaptor(CudaMemoryResource(0))
+    kept = []
+
+    def make():
+        mr = PoolResource(up)
+        _use(mr, [DEFAULT_STREAM])
+        kept.append(mr.allocate(5000, DEFAULT_STREAM))  # never freed: a dangling pointer of the user's
+        assert len(up.outstanding()) >= 2
+        return mr
+
+    _drop(make)
+    PoolResource(CudaMemoryResource(0))
+    assert len(up.outstanding()) == 1
+    (base, size), = up.outstanding().items()
+    assert base <= kept[0] < base + size
+
+
+def test_a_dropped_vmm_unmaps_its_pages(sim):
+    before = sim.mapped_bytes()
+
+    def make():
+        mr = VirtualMemoryResource(0)
+        _use(mr, [DEFAULT_STREAM])
+        assert sim.mapped_bytes() > before
+        return mr
+
+    _drop(make)
+    VirtualMemoryResource(0)
+    assert sim.mapped_bytes() == before
+
+
+def test_pools_made_used_and_dropped_by_threads_give_every_byte_back(sim, switch_often):
+    up = TrackingAdaptor(CudaMemoryResource(0))
+    errors = []
+
+    def worker(seed):
+        try:
+            s = Stream.create()
+            for i in range(15):
+                mr = PoolResource(up) if (seed + i) % 3 else BinningResource(up, "64 KiB")
+                _use(mr, [s, DEFAULT_STREAM])
+                del mr  # dropped: the next construction, in this thread or another, gives it back
+            s.synchronize()
+            s.close()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    gc.collect()
+    PoolResource(CudaMemoryResource(0))
+    assert up.outstanding() == {}
