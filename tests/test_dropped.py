@@ -3,11 +3,18 @@ Python's own files and RMM's and CuPy's pools do. The collector may finalize a r
 at any moment, so nothing here may take another resource's lock inline."""
 from __future__ import annotations
 
+import functools
 import gc
 import io
 import weakref
 
-from mrkit import DEFAULT_STREAM, CudaMemoryResource, LoggingAdaptor, read_log
+import pytest
+from handouts import race
+
+from mrkit import (
+    DEFAULT_STREAM, BinningResource, CudaMemoryResource, LoggingAdaptor, PoolResource, Stream, TrackingAdaptor,
+    VirtualMemoryResource, read_log,
+)
 
 
 def _drop(make):
@@ -75,11 +82,6 @@ def test_a_dropped_log_flushes_into_a_sink_it_does_not_own_and_leaves_it_open(si
 
 
 # -- caching resources: a dropped pool, binning resource or VMM gives its free memory back -----------
-import threading  # noqa: E402
-
-import pytest  # noqa: E402
-
-from mrkit import BinningResource, PoolResource, Stream, TrackingAdaptor, VirtualMemoryResource  # noqa: E402
 
 SIZES = (100, 5000, 1 << 20, 3 << 20, 40 << 20)
 
@@ -146,10 +148,10 @@ def test_a_dropped_vmm_unmaps_its_pages(sim):
 
 
 def test_pools_made_used_and_dropped_by_threads_give_every_byte_back(sim, switch_often):
+    """Four threads make, use and drop pools and binning resources while a fifth runs the collector."""
     up = TrackingAdaptor(CudaMemoryResource(0))
-    errors = []
 
-    def worker(seed):
+    def worker(seed, errors):
         try:
             s = Stream.create()
             for i in range(15):
@@ -161,12 +163,7 @@ def test_pools_made_used_and_dropped_by_threads_give_every_byte_back(sim, switch
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    race([functools.partial(worker, k) for k in range(4)], gc.collect, period=0.001)
     gc.collect()
     PoolResource(CudaMemoryResource(0))
     assert up.outstanding() == {}
