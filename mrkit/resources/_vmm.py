@@ -987,9 +987,6 @@ class VirtualMemoryResource(CachingResource):
 
     release = trim
 
-    def _when_dropped(self) -> tuple:
-        return (_trim_dropped, self.arena, self._src)
-
     def close(self) -> None:
         """Release every page and the reservation (all allocations must have been freed)."""
         arena, src = self.arena, self._src
@@ -1014,10 +1011,3 @@ class VirtualMemoryResource(CachingResource):
             extra += f", handle_type={src.options.handle_type}"
         return (f"device={src.device_id}, reserved={format_size(src.reserve_size)}, "
                 f"mapped={format_size(src._mapped)}{extra}, driver={src.driver.name}")
-
-
-def _trim_dropped(arena, src) -> None:
-    """A collected VMM's :meth:`VirtualMemoryResource.trim`: its free pages unmapped and released."""
-    with arena.lock:
-        arena.apply_deferred()
-        src.trim_locked()
