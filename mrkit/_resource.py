@@ -193,11 +193,9 @@ class Buffer:
         s = as_stream(stream)
         buf = resource.allocate_buffer(len(data), s, alignment)
         try:
-            if not data.nbytes:
-                pass
-            elif resource.device_accessible:
+            if data.nbytes and resource.device_accessible:
                 _driver_of(resource).copy_from_host(buf.ptr, data, s.handle)
-            else:
+            elif data.nbytes:
                 ctypes.memmove(buf.ptr, bytes(data), data.nbytes)
         except BaseException:
             buf.close()
@@ -224,22 +222,19 @@ class Buffer:
         s = self.stream if stream is None else as_stream(stream)
         new = mr.allocate_buffer(self.size, s, self.alignment)
         try:
-            if not self.size:
-                pass
-            elif mr.device_accessible:
+            if self.size and mr.device_accessible:
                 drv = _driver_of(mr)
                 if s != self.stream:
                     order_after(drv, mr.device_id or 0, s.handle, self.stream.handle)
                 drv.memcpy_async(new.ptr, self.ptr, self.size, s.handle)
-            else:
+            elif self.size:
                 ctypes.memmove(new.ptr, self.ptr, self.size)
         except BaseException:
             new.close()
             raise
         return new
 
-    def __copy__(self) -> "Buffer":
-        return self.copy()
+    __copy__ = copy
 
     def __deepcopy__(self, memo) -> "Buffer":
         return self.copy()
