@@ -1,11 +1,12 @@
 """Copying, pickling and dropping what mrkit hands you: resources are shared, buffers are copied by
-value, and a log dropped without close() keeps its events.
+value, and a pool dropped without close() gives its memory back.
 
 A training configuration holding a pool is deep-copied (the copy shares the pool: two pools owning one
 chunk would free it twice); a buffer is copied with ``copy.copy`` and its original freed and reused
 (the copy keeps its bytes); a resource refuses pickling with a TypeError naming it; a buffer pickles as
-its bytes into the current resource of whoever unpickles it; every byte is back upstream; and a log
-dropped without close() still writes its events.
+its bytes into the current resource of whoever unpickles it; a pool per trial, each dropped without
+close(), gives its chunks back when the next pool is built, and a log dropped without close() still
+writes its events. At the end every byte is back upstream.
 
 Runs on a GPU if there is one, else on mrkit's simulated device:  python examples/21_copy_pickle_drop.py
 """
@@ -52,11 +53,16 @@ pool.upstream.release()
 assert pool.outstanding() == {} and other.outstanding() == {} and base.outstanding() == {}
 print("every block freed once and every byte back upstream")
 
-log_path = os.path.join(tempfile.mkdtemp(), "trial.csv")
-trial_log = mrkit.LoggingAdaptor(pool, log_path, flush_interval=None)  # buffers until flushed
-ptr = trial_log.allocate(8 << 20, mrkit.DEFAULT_STREAM)
-trial_log.deallocate(ptr, 8 << 20, mrkit.DEFAULT_STREAM)
-del trial_log  # dropped without close(): it writes what it buffered and closes its file
+log_path = os.path.join(tempfile.mkdtemp(), "trials.csv")
+for trial in range(5):  # a fresh pool per trial, never closed: the old one's chunks go back
+    trial_pool = mrkit.LoggingAdaptor(mrkit.PoolResource(base), log_path if trial == 4 else os.devnull)
+    ptr = trial_pool.allocate(8 << 20, mrkit.DEFAULT_STREAM)
+    trial_pool.deallocate(ptr, 8 << 20, mrkit.DEFAULT_STREAM)
+    held = sum(base.outstanding().values())
+    assert held <= 2 * (32 << 20), f"trial {trial}: {held} bytes held upstream: dropped pools kept theirs"
+del trial_pool
 gc.collect()
+mrkit.PoolResource(base)  # building a pool gives back what dropped ones held
+assert base.outstanding() == {}
 assert [e.action for e in mrkit.read_log(log_path)] == ["allocate", "free"]
-print("a log dropped without close(): its events written")
+print("5 pools dropped without close(): every chunk back upstream, the last one's log written")

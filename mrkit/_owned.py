@@ -1,7 +1,13 @@
-"""``Owned``: what copying and pickling mean for an object that owns memory or a driver handle."""
+"""What copying, pickling and dropping mean for an object that owns memory or a driver handle:
+``Owned`` (shared by reference, never pickled) and the queue through which a resource collected without
+``close()`` gives its free memory back."""
 from __future__ import annotations
 
-__all__ = ["Owned"]
+import collections
+import warnings
+import weakref
+
+__all__ = ["Owned", "give_back_when_dropped", "give_back_dropped"]
 
 
 class Owned:
@@ -23,3 +29,32 @@ class Owned:
     def __reduce__(self):
         raise TypeError(f"cannot pickle a {type(self).__name__}: it owns memory or a CUDA handle of this process"
                         f"{self._pickle_advice}")
+
+
+# -- what a dropped resource holds goes back ---------------------------------------------------------
+_dropped: collections.deque = collections.deque()  # (fn, args) of resources collected since
+
+
+def give_back_when_dropped(obj, fn, *args) -> weakref.finalize:
+    """When ``obj`` is collected, queue ``fn(*args)`` (which must not refer to ``obj``) for
+    :func:`give_back_dropped`. The collector only queues it: it may run in a thread that holds a lock
+    ``fn`` needs. Nothing is queued during interpreter exit (the process's memory goes with it).
+    Returns the finalizer: ``detach()`` it once ``obj`` has given back what it held itself."""
+    fin = weakref.finalize(obj, _dropped.append, (fn, args))
+    fin.atexit = False
+    return fin
+
+
+def give_back_dropped() -> None:
+    """Run what resources collected since the last call queued (their free memory back upstream); a
+    failure is a ``RuntimeWarning`` naming it, never an error of the caller's."""
+    while True:
+        try:
+            fn, args = _dropped.popleft()
+        except IndexError:
+            return
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - the caller's own work is not at fault
+            warnings.warn(f"mrkit: giving back the memory of a dropped resource failed: {exc!r}",
+                          RuntimeWarning, stacklevel=2)

@@ -80,12 +80,17 @@ ALLOC_CASES = [
     ("stream=-1", lambda mr, p, n: mr.allocate(64, -1), ValueError, "stream"),
     ("stream=str", lambda mr, p, n: mr.allocate(64, "default"), TypeError, "stream"),
     ("nbytes=2**70", lambda mr, p, n: mr.allocate(2 ** 70, DEFAULT_STREAM), OutOfMemoryError, "bytes"),
+    # a forgotten argument is named, in the resource's own public terms (no private method's name)
+    ("stream missing", lambda mr, p, n: mr.allocate(64), TypeError, "'stream'"),
+    ("nothing given", lambda mr, p, n: mr.allocate(), TypeError, "'nbytes'"),
 ]
 FREE_CASES = [
     ("ptr=unknown", lambda mr, p, n: mr.deallocate(p + 1 << 40, n, DEFAULT_STREAM), ValueError, "ptr"),
     ("nbytes=wrong", lambda mr, p, n: mr.deallocate(p, n + 1, DEFAULT_STREAM), ValueError, "nbytes"),
     ("nbytes=float", lambda mr, p, n: mr.deallocate(p, float(n), DEFAULT_STREAM), TypeError, "nbytes"),
     ("stream=None", lambda mr, p, n: mr.deallocate(p, n, None), TypeError, "stream"),
+    ("free stream missing", lambda mr, p, n: mr.deallocate(p, n), TypeError, "'stream'"),
+    ("free nbytes missing", lambda mr, p, n: mr.deallocate(p), TypeError, "'nbytes'"),
     # the live pointer as a float equal to it: a dict look-up finds the block, so only a type check refuses it
     ("ptr=float(live)", lambda mr, p, n: mr.deallocate(float(p), n, DEFAULT_STREAM), TypeError, "ptr"),
     ("free alignment=3", lambda mr, p, n: mr.deallocate(p, n, DEFAULT_STREAM, 3), ValueError, "alignment"),
@@ -104,6 +109,7 @@ def test_bad_input_on_every_resource(resource, case, op, exc, word):
     with pytest.raises(exc) as info:
         op(mr, p, n)
     assert word in str(info.value), f"the message does not name {word!r}: {info.value}"
+    assert "._" not in str(info.value), f"the message names a private method: {info.value}"
     if exc is OutOfMemoryError:
         assert repr(mr).split("(")[0] in str(info.value) or "resource" in str(info.value).lower() \
             or "limit" in str(info.value)
@@ -197,6 +203,7 @@ def test_bad_input_on_other_entry_points(sim, case, op, exc, word):
     with pytest.raises(exc) as info:
         op()
     assert word in str(info.value), f"the message does not name {word!r}: {info.value}"
+    assert "._" not in str(info.value), f"the message names a private method: {info.value}"
 
 
 def test_the_table_is_big_enough():

@@ -8,6 +8,7 @@ want the hot path in another variant (statistics fused in, CuPy's allocator hook
 """
 from __future__ import annotations
 
+from .._owned import give_back_dropped, give_back_when_dropped
 from .._resource import MemoryResource
 from ._arena import GRAIN, Arena, ChunkSource, StreamState
 from . import _hot
@@ -26,14 +27,25 @@ class CachingResource(MemoryResource):
     hot path (per-instance functions stored in slots, so a call makes no attribute look-up on
     ``self``; a subclass that overrides them still reaches these through ``super()``).
 
-    ``arena`` is the engine state (advanced use: inspection, :func:`hot_paths`)."""
+    ``arena`` is the engine state (advanced use: inspection, :func:`hot_paths`). A caching resource
+    collected without ``close()`` gives its free memory back (every chunk holding no live block) when
+    the next caching resource is built, in that thread (never from the collector itself), after
+    waiting for the whole device: nobody is left to say which streams still use that memory."""
 
     __slots__ = ("arena", "allocate", "deallocate")
 
     def _attach(self, arena: Arena) -> None:
+        give_back_dropped()  # what resources collected without close() hold goes back first
         self.arena = arena
         _ALLOCATE.__set__(self, arena.allocate)
         _DEALLOCATE.__set__(self, arena.deallocate)
+        give_back_when_dropped(self, *self._when_dropped())
+
+    def _when_dropped(self) -> tuple:
+        """``(fn, *args)`` giving the free memory back once this resource is collected; it must not
+        refer to the resource (the arena does not: it holds its owner weakly). The arena stays usable:
+        a hot path someone kept still works."""
+        return (_release_dropped, self.arena)
 
     @property
     def live_bytes(self) -> int:
@@ -80,3 +92,13 @@ def hot_paths(resource, variant: str, **names):
     if variant == "route":
         return build.route_paths(arena, **names) if build is _hot else None
     raise ValueError(f"unsupported variant: {variant!r} (expected 'counting', 'hook' or 'route')")
+
+
+def _release_dropped(arena: Arena) -> None:
+    """A collected caching resource's :meth:`Arena.release`. Its streams' states say which stream
+    freed each block, but not what other streams still do with it (a buffer read on a consumer stream
+    and freed on its own, say): the device is waited for first, so no chunk goes back upstream under
+    work still queued. Nothing is waited for when the arena holds no chunk (closed or released)."""
+    if arena.chunks:
+        arena.wait_for_device()
+        arena.release()

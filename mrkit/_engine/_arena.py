@@ -366,6 +366,11 @@ class Arena:
                 drv.event_record(self.event, src.handle)
                 drv.stream_wait_event(dst.handle, self.event)
 
+    def wait_for_device(self) -> None:
+        """Synchronise the device (when the arena's memory is a driver's)."""
+        if self.driver is not None:
+            self.driver.ctx_synchronize(self.device_id or 0)
+
     def wait_for(self, stream: Stream) -> None:
         """Synchronise ``stream`` (one mrkit knew to be alive: if it was closed since, the device)."""
         with stream.hold() as alive:  # held open for the wait

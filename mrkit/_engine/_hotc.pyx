@@ -43,6 +43,16 @@ from collections.abc import Mapping as _Mapping, MutableMapping as _MutableMappi
 cdef object _Stream = Stream
 cdef object _DEFAULT = DEFAULT_ALIGNMENT
 cdef object _checked = checked_free_args
+_ABSENT = object()  # the default of a required argument: a call leaving it out gets Python's message
+
+
+cdef object _missing(str where, tuple names, tuple values):
+    """The TypeError Python gives a call leaving out required arguments, naming them."""
+    left = [f"'{n}'" for n, v in zip(names, values) if v is _ABSENT]
+    return TypeError(f"{where}() missing {len(left)} required positional argument{'s' if len(left) > 1 else ''}: "
+                     + " and ".join(left))
+
+
 cdef Py_ssize_t _CACHE_WINDOW = 8  # _arena._CACHE_WINDOW
 cdef Py_ssize_t _MAX_HOT = 1024  # _arena.MAX_HOT
 
@@ -1429,9 +1439,11 @@ cdef inline object _fast_rounded(object nbytes):
 cdef class PlainPaths(_Base):
     """``allocate``/``deallocate``: a caching resource's own methods."""
 
-    def allocate(self, nbytes, stream, alignment=256):
+    def allocate(self, nbytes=_ABSENT, stream=_ABSENT, alignment=256):
         """Allocate ``nbytes`` for work on ``stream``: an exact-size cache hit takes no lock."""
         if type(stream) is not _Stream:
+            if stream is _ABSENT or nbytes is _ABSENT:
+                raise _missing("allocate", ("nbytes", "stream"), (nbytes, stream))
             stream = self.to_stream(stream)
         cdef u64 n
         if alignment is not _DEFAULT:
@@ -1447,9 +1459,11 @@ cdef class PlainPaths(_Base):
             return self.allocate_slow(nbytes, stream, alignment)
         return self.locked_take(0, stream, nbytes, 0, size)  # an int past 2**62
 
-    def deallocate(self, ptr, nbytes, stream, alignment=256):
+    def deallocate(self, ptr=_ABSENT, nbytes=_ABSENT, stream=_ABSENT, alignment=256):
         """Return ``ptr`` (``nbytes`` as allocated) on ``stream``."""
         if type(stream) is not _Stream:
+            if stream is _ABSENT or nbytes is _ABSENT or ptr is _ABSENT:
+                raise _missing("deallocate", ("ptr", "nbytes", "stream"), (ptr, nbytes, stream))
             stream = self.to_stream(stream)
         if type(nbytes) is not int or alignment is not _DEFAULT:
             nbytes, alignment = _checked(nbytes, alignment)
@@ -1488,9 +1502,11 @@ cdef class CountingPaths(_Base):
                 self.on_full()
         return 0
 
-    def allocate(self, nbytes, stream, alignment=256):
+    def allocate(self, nbytes=_ABSENT, stream=_ABSENT, alignment=256):
         """Allocate as the arena does, and count it."""
         if type(stream) is not _Stream:
+            if stream is _ABSENT or nbytes is _ABSENT:
+                raise _missing("allocate", ("nbytes", "stream"), (nbytes, stream))
             stream = self.to_stream(stream)
         cdef u64 n
         ptr = None
@@ -1512,9 +1528,11 @@ cdef class CountingPaths(_Base):
         self.events.append(nbytes)
         return ptr
 
-    def deallocate(self, ptr, nbytes, stream, alignment=256):
+    def deallocate(self, ptr=_ABSENT, nbytes=_ABSENT, stream=_ABSENT, alignment=256):
         """Free as the arena does, and count it (pending events stay within ``limit`` + live blocks)."""
         if type(stream) is not _Stream:
+            if stream is _ABSENT or nbytes is _ABSENT or ptr is _ABSENT:
+                raise _missing("deallocate", ("ptr", "nbytes", "stream"), (ptr, nbytes, stream))
             stream = self.to_stream(stream)
         if type(nbytes) is not int or alignment is not _DEFAULT:
             nbytes, alignment = _checked(nbytes, alignment)

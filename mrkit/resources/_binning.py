@@ -137,3 +137,10 @@ class BinningResource(UpstreamCachingResource):
 
     def _describe(self) -> str:
         return f"{self.upstream!r}, max_bin={self.max_bin}"
+
+
+# the hot paths are stored on the instance under ``allocate``/``deallocate``: a call missing an argument
+# names them so ("BinningResource.allocate() missing ... 'stream'"), not by their private names
+for _f, _name in ((BinningResource._allocate, "allocate"), (BinningResource._deallocate, "deallocate")):
+    _f.__name__, _f.__qualname__ = _name, f"BinningResource.{_name}"
+del _f, _name

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._errors import CUDAError, OutOfMemoryError
-from .._owned import Owned
+from .._owned import Owned, give_back_dropped, give_back_when_dropped
 from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_pointer, check_request
 from .._sizes import format_size, parse_size
 from .._stream import DEFAULT_STREAM, Stream, as_stream, device_scope
@@ -57,12 +57,13 @@ class MemoryPool(Owned):
     refuse unless called with ``process_wide=True``.
     """
 
-    __slots__ = ("handle", "device", "driver", "owned", "imported", "_closed")
+    __slots__ = ("handle", "device", "driver", "owned", "imported", "_closed", "_on_drop", "__weakref__")
     _pickle_advice = "; share it with export_handle() and MemoryPool.from_shareable_handle()"
 
     def __init__(self, handle: int, device: int, driver: Driver, owned: bool, imported: bool = False) -> None:
         self.handle, self.device, self.driver = handle, device, driver
         self.owned, self.imported, self._closed = owned, imported, False
+        self._on_drop = None  # an owned pool's finalizer: destroys it once collected without close()
 
     @classmethod
     def default(cls, device: int = 0, *, driver: Driver | None = None) -> "MemoryPool":
@@ -81,6 +82,7 @@ class MemoryPool(Owned):
         propagates: nothing is left half-built."""
         opts = options or DeviceMemoryResourceOptions()
         drv = driver or get_driver()
+        give_back_dropped()  # pools (and caching resources) collected without close() go first
         handle = drv.mem_pool_create(device, opts.max_size, opts.ipc_handle_type)
         pool = cls(handle, device, drv, owned=True)
         try:
@@ -100,6 +102,9 @@ class MemoryPool(Owned):
         except BaseException:
             drv.mem_pool_destroy(handle)
             raise
+        # collected without close(): destroyed at the next construction (the driver frees what is
+        # still allocated from it as it is freed, so destroying it under live blocks is safe)
+        pool._on_drop = give_back_when_dropped(pool, drv.mem_pool_destroy, handle)
         return pool
 
     @classmethod
@@ -176,9 +181,12 @@ class MemoryPool(Owned):
         return self.driver.mem_pool_import_pointer(self.handle, bytes(data))
 
     def close(self) -> None:
-        """Destroy an owned pool (outstanding allocations are released as they are freed)."""
+        """Destroy an owned pool (outstanding allocations are released as they are freed). An owned pool
+        collected without ``close()`` is destroyed when the next pool or caching resource is built."""
         if self.owned and not self._closed:
             self._closed = True
+            if self._on_drop is not None:
+                self._on_drop.detach()
             self.driver.mem_pool_destroy(self.handle)
 
     def _may_modify(self, process_wide: bool) -> None:

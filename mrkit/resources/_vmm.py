@@ -987,6 +987,9 @@ class VirtualMemoryResource(CachingResource):
 
     release = trim
 
+    def _when_dropped(self) -> tuple:
+        return (_trim_dropped, self.arena, self._src)
+
     def close(self) -> None:
         """Release every page and the reservation (all allocations must have been freed)."""
         arena, src = self.arena, self._src
@@ -1011,3 +1014,15 @@ class VirtualMemoryResource(CachingResource):
             extra += f", handle_type={src.options.handle_type}"
         return (f"device={src.device_id}, reserved={format_size(src.reserve_size)}, "
                 f"mapped={format_size(src._mapped)}{extra}, driver={src.driver.name}")
+
+
+def _trim_dropped(arena, src) -> None:
+    """A collected VMM's :meth:`VirtualMemoryResource.trim`: its free pages unmapped and released,
+    after waiting for the device (as the engine's ``_release_dropped`` does); nothing is waited for
+    when it holds no physical memory (mapped or spare)."""
+    if not (src._mapped or src._spare_bytes):
+        return
+    arena.wait_for_device()
+    with arena.lock:
+        arena.apply_deferred()
+        src.trim_locked()
