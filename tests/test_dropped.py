@@ -266,3 +266,32 @@ def test_a_closed_pool_is_not_destroyed_again_when_dropped(sim):
     kept = DeviceMemoryResource(0, DeviceMemoryResourceOptions())
     PoolResource(CudaMemoryResource(0))
     assert set(sim.pools()) - before == {kept.pool.handle}
+
+
+# -- on the GPU too: the device wait and the stream-ordered frees are the driver's own ---------------
+
+@pytest.mark.parametrize("kind", ["pool", "binning"])
+def test_a_dropped_resource_with_work_queued_gives_every_byte_back_on_either_backend(backend, kind):
+    """Blocks written on two streams (the second ordered after the first), freed on the first, the
+    resource dropped with that work still queued: the next construction waits for the device and
+    every chunk goes back to the driver pool (``cuMemFreeAsync``)."""
+    up = TrackingAdaptor(DeviceMemoryResource(0))
+    s, consumer = Stream.create(), Stream.create()
+    n = 32 << 10 if kind == "binning" else 24 << 20
+
+    def make():
+        mr = DROPPED_KINDS[kind](up)
+        ptrs = [mr.allocate(n, s) for _ in range(4)]
+        for p in ptrs:
+            backend.memset_async(p, 3, n, s.handle)
+        consumer.wait(s)
+        for p in ptrs:
+            backend.touch(p, n, consumer.handle, write=False)
+            mr.deallocate(p, n, s)  # not ordered after the consumer's reads: the pool keeps the block
+        assert up.outstanding()
+        return mr
+
+    _drop(make)
+    PoolResource(CudaMemoryResource(0))
+    assert up.outstanding() == {}
+    s.close(), consumer.close()
