@@ -48,10 +48,10 @@ def give_back_when_dropped(obj, fn, *args) -> weakref.finalize:
 def give_back_dropped() -> None:
     """Run what resources collected since the last call queued (their free memory back upstream); a
     failure is a ``RuntimeWarning`` naming it, never an error of the caller's."""
-    while True:
+    while _dropped:
         try:
             fn, args = _dropped.popleft()
-        except IndexError:
+        except IndexError:  # another thread took the last one
             return
         try:
             fn(*args)

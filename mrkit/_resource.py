@@ -6,7 +6,7 @@ import operator
 
 from ._owned import Owned
 from ._stream import DEFAULT_STREAM, Stream, as_stream, order_after
-from .driver import get_driver
+from .driver import Driver, get_driver
 
 __all__ = ["MemoryResource", "Buffer", "check_request", "check_size", "check_device", "check_pointer", "unknown_pointer",
            "size_mismatch", "upstream_chain"]
@@ -150,8 +150,20 @@ class MemoryResource(Owned):
         return f"{type(self).__name__}({extra})"
 
 
-def _driver_of(mr):
-    return getattr(mr, "driver", None) or get_driver()
+def driver_of(mr) -> Driver | None:
+    """The driver of ``mr``'s stack: its own ``driver``, else the first one down its ``upstream``
+    chain (an adaptor of another library may not forward attributes); ``None`` for host memory."""
+    seen = set()
+    while isinstance(mr, MemoryResource) and id(mr) not in seen:
+        seen.add(id(mr))
+        d = getattr(mr, "driver", None)
+        if d is not None:
+            return d
+        try:
+            mr = object.__getattribute__(mr, "upstream")
+        except AttributeError:
+            return None
+    return None
 
 
 class Buffer:
@@ -194,7 +206,7 @@ class Buffer:
         buf = resource.allocate_buffer(len(data), s, alignment)
         try:
             if data.nbytes and resource.device_accessible:
-                _driver_of(resource).copy_from_host(buf.ptr, data, s.handle)
+                (driver_of(resource) or get_driver()).copy_from_host(buf.ptr, data, s.handle)
             elif data.nbytes:
                 ctypes.memmove(buf.ptr, bytes(data), data.nbytes)
         except BaseException:
@@ -210,7 +222,7 @@ class Buffer:
             return b""
         if mr.device_accessible:
             s = self.stream if stream is None else as_stream(stream)
-            return _driver_of(mr).copy_to_host(self.ptr, self.size, s.handle)
+            return (driver_of(mr) or get_driver()).copy_to_host(self.ptr, self.size, s.handle)
         return ctypes.string_at(self.ptr, self.size)
 
     def copy(self, stream=None) -> "Buffer":
@@ -223,7 +235,7 @@ class Buffer:
         new = mr.allocate_buffer(self.size, s, self.alignment)
         try:
             if self.size and mr.device_accessible:
-                drv = _driver_of(mr)
+                drv = driver_of(mr) or get_driver()
                 if s != self.stream:
                     order_after(drv, mr.device_id or 0, s.handle, self.stream.handle)
                 drv.memcpy_async(new.ptr, self.ptr, self.size, s.handle)
@@ -279,7 +291,7 @@ class Buffer:
                 raise ValueError(f"stream must be a CUDA stream handle int (not 0), got {stream!r}")
             consumer = 0 if stream == 1 else stream
             if consumer != self.stream.handle:
-                drv = _driver_of(self.resource)
+                drv = driver_of(self.resource) or get_driver()
                 order_after(drv, self.resource.device_id or 0, consumer, self.stream.handle)
         versioned = max_version is not None and tuple(max_version)[0] >= 1
         return to_dlpack_capsule(self, versioned)

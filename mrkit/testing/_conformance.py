@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .._errors import OutOfMemoryError
-from .._resource import MemoryResource
+from .._resource import MemoryResource, driver_of
 from .._stream import DEFAULT_STREAM, Event, Stream
 from ..driver import Driver, get_driver
 
@@ -24,14 +24,6 @@ class Harness:
 
     def stream(self) -> Stream:
         return Stream.create(self.mr.device_id or 0, driver=self.driver)
-
-
-def _driver_of(mr) -> Driver | None:
-    for r in walk_stack(mr):
-        d = getattr(r, "driver", None)
-        if d is not None:
-            return d
-    return None
 
 
 def walk_stack(mr):
@@ -297,7 +289,7 @@ def run_conformance(factory: Callable[[], MemoryResource], checks=None) -> list[
     names = list(checks or CHECKS)
     for name in names:
         mr = factory()
-        h = Harness(mr, _driver_of(mr) or (get_driver() if mr.device_accessible else None))
+        h = Harness(mr, driver_of(mr) or (get_driver() if mr.device_accessible else None))
         try:
             CHECKS[name](h)
         except AssertionError as exc:
