@@ -1,13 +1,13 @@
 """What copying, pickling and dropping mean for an object that owns memory or a driver handle:
 ``Owned`` (shared by reference, never pickled) and the queue through which a resource collected without
-``close()`` gives its free memory back."""
+``close()`` gives its free memory back; ``Closing``: ``with`` for whatever has ``close()``."""
 from __future__ import annotations
 
 import collections
 import warnings
 import weakref
 
-__all__ = ["Owned", "give_back_when_dropped", "give_back_dropped"]
+__all__ = ["Owned", "Closing", "give_back_when_dropped", "give_back_dropped"]
 
 
 class Owned:
@@ -29,6 +29,28 @@ class Owned:
     def __reduce__(self):
         raise TypeError(f"cannot pickle a {type(self).__name__}: it owns memory or a CUDA handle of this process"
                         f"{self._pickle_advice}")
+
+
+class Closing:
+    """``with obj as o:`` calls ``obj.close()`` at the end of the block. Leaving normally, an error of
+    ``close()`` (a resource refusing while allocations are live) is raised. Leaving by an exception,
+    that exception stays the one raised: a ``ValueError`` of ``close()`` is added to it as a note
+    (Python 3.11+) and the object stays open, its live blocks valid until they are freed."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except ValueError as refused:
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"mrkit: not closed on the way out: {refused}")
 
 
 # -- what a dropped resource holds goes back ---------------------------------------------------------

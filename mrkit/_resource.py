@@ -9,7 +9,7 @@ from ._stream import DEFAULT_STREAM, Stream, as_stream, order_after
 from .driver import Driver, get_driver
 
 __all__ = ["MemoryResource", "Buffer", "check_request", "check_size", "check_device", "check_pointer", "unknown_pointer",
-           "size_mismatch", "upstream_chain"]
+           "size_mismatch", "still_live", "upstream_chain"]
 
 
 # The fast paths test ``alignment is not DEFAULT_ALIGNMENT``: an identity test, as cheap as ``!= 256``,
@@ -61,6 +61,11 @@ def unknown_pointer(ptr, owner) -> ValueError:
     """The error for a free of ``ptr`` that ``owner`` does not hold (never allocated there, or freed
     already); raises ``TypeError`` instead when ``ptr`` is not an integer (:func:`check_pointer`)."""
     return ValueError(f"ptr {check_pointer(ptr):#x} was not allocated by {owner!r} or was already freed")
+
+
+def still_live(owner, n: int) -> ValueError:
+    """The error of ``owner.close()`` while ``n`` of its allocations are live (nothing is changed)."""
+    return ValueError(f"{owner!r} still has {n} live allocation{'' if n == 1 else 's'}; free them before close()")
 
 
 def size_mismatch(nbytes, size, ptr) -> ValueError:

@@ -8,7 +8,7 @@ want the hot path in another variant (statistics fused in, CuPy's allocator hook
 """
 from __future__ import annotations
 
-from .._owned import give_back_dropped, give_back_when_dropped
+from .._owned import Closing, give_back_dropped, give_back_when_dropped
 from .._resource import MemoryResource
 from ._arena import GRAIN, Arena, ChunkSource, StreamState
 from . import _hot
@@ -22,7 +22,7 @@ __all__ = ["Arena", "ChunkSource", "StreamState", "FreeList", "drain", "GRAIN", 
            "drain_torch_frees"]
 
 
-class CachingResource(MemoryResource):
+class CachingResource(Closing, MemoryResource):
     """Base of the resources built on an :class:`Arena`: ``allocate``/``deallocate`` are the arena's
     hot path (per-instance functions stored in slots, so a call makes no attribute look-up on
     ``self``; a subclass that overrides them still reaches these through ``super()``).
@@ -30,7 +30,8 @@ class CachingResource(MemoryResource):
     ``arena`` is the engine state (advanced use: inspection, :func:`hot_paths`). A caching resource
     collected without ``close()`` gives its free memory back (every chunk holding no live block) when
     the next caching resource is built, in that thread (never from the collector itself), after
-    waiting for the whole device: nobody is left to say which streams still use that memory."""
+    waiting for the whole device: nobody is left to say which streams still use that memory.
+    ``with resource as mr:`` closes it at the end of the block."""
 
     __slots__ = ("arena", "allocate", "deallocate")
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .._errors import OutOfMemoryError
+from .._owned import Closing
 from .._resource import MemoryResource, check_pointer
 from .._stream import DEFAULT_STREAM, Stream, stream_handle
 from ._base import Adaptor
@@ -22,7 +23,7 @@ HEADER = "Thread,Time,Action,Pointer,Size,Stream"
 _LINE = "%d,%.6f,%s,%#x,%d,%#x\n"  # Time in seconds since the epoch, as RMM documents it
 
 
-class LoggingAdaptor(Adaptor):
+class LoggingAdaptor(Closing, Adaptor):
     """Writes one CSV line per event in RMM's format (``Thread,Time,Action,Pointer,Size,Stream``;
     actions ``allocate``, ``free`` and ``allocate failure``), so logs interchange with RMM's tools.
 
@@ -30,7 +31,7 @@ class LoggingAdaptor(Adaptor):
     of a tuple to an in-memory buffer (in call order across threads); formatting and writing happen
     on :meth:`flush`, under a lock. Events reach the file:
 
-    - on :meth:`flush` and :meth:`close`, and at interpreter exit for logs never closed;
+    - on :meth:`flush` and :meth:`close` (or the end of a ``with`` block), and at interpreter exit for logs never closed;
     - as soon as ``buffer_lines`` events are waiting (the writer that reaches the bound writes);
     - within ``flush_interval`` seconds (a daemon thread shared by all logs), so a process killed
       outright (SIGKILL, a crash in a driver) loses at most the events of the last interval, and at

@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 
 from .._engine import GRAIN, Arena, CachingResource
-from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_request, size_mismatch, unknown_pointer
+from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_request, size_mismatch, still_live, unknown_pointer
 from .._sizes import parse_size
 from ..driver import Driver
 from ._pool import UpstreamCachingResource, UpstreamChunks
@@ -134,6 +134,17 @@ class BinningResource(UpstreamCachingResource):
         return self.arena.release()
 
     trim = release
+
+    def close(self) -> None:
+        """Give every chunk back upstream; raises ``ValueError`` if allocations are still live (binned or
+        served by the upstream), changing nothing."""
+        arena = self.arena
+        with arena.lock, self._lock:
+            n = len(self._sizes) + len(self._large)
+            if n:
+                raise still_live(self, n)
+        self.release()
+        arena.close_event()
 
     def _describe(self) -> str:
         return f"{self.upstream!r}, max_bin={self.max_bin}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._errors import CUDAError, OutOfMemoryError
-from .._owned import Owned, give_back_dropped, give_back_when_dropped
+from .._owned import Closing, Owned, give_back_dropped, give_back_when_dropped
 from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_pointer, check_request
 from .._sizes import format_size, parse_size
 from .._stream import DEFAULT_STREAM, Stream, as_stream, device_scope
@@ -48,7 +48,7 @@ class DeviceMemoryResourceOptions:
             raise ValueError(f"initial_size {self.initial_size} exceeds max_size {self.max_size}")
 
 
-class MemoryPool(Owned):
+class MemoryPool(Closing, Owned):
     """A driver memory pool: attributes, trimming, access from other devices and IPC.
 
     A pool mrkit created (``owned``) may be configured freely and is destroyed by :meth:`close`.
@@ -205,14 +205,15 @@ class MemoryPool(Owned):
         return f"<mrkit.MemoryPool {kind} handle={self.handle:#x} device={self.device}>"
 
 
-class DeviceMemoryResource(MemoryResource):
+class DeviceMemoryResource(Closing, MemoryResource):
     """Stream-ordered device memory from a driver pool (``cuMemAllocFromPoolAsync`` /
     ``cuMemFreeAsync``): the default current resource of every device that supports pools.
 
     ``DeviceMemoryResource(0)`` uses the device's current pool (shared with the process; mrkit does
     not change it). ``DeviceMemoryResource(0, DeviceMemoryResourceOptions(...))`` creates and owns a
     pool configured by the options; ``DeviceMemoryResource(0, pool=p)`` uses a given
-    :class:`MemoryPool`. Two resources are equal when they use the same pool.
+    :class:`MemoryPool`. Two resources are equal when they use the same pool. :meth:`close` (or the
+    end of a ``with`` block) destroys a pool the resource created, and leaves any other alone.
     """
 
     __slots__ = ("driver", "device_id", "pool", "_h", "_alloc", "_free", "_live")

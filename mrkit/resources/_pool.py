@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .._engine import GRAIN, Arena, CachingResource, ChunkSource
 from .._errors import OutOfMemoryError
-from .._resource import MemoryResource, UpstreamAccess
+from .._resource import MemoryResource, UpstreamAccess, still_live
 from .._sizes import format_size, parse_size
 from .._stream import DEFAULT_STREAM, Stream
 from ..driver import Driver
@@ -206,7 +206,7 @@ class PoolResource(UpstreamCachingResource):
         arena = self.arena
         with arena.lock:
             if arena.live or arena.aligned:
-                raise ValueError(f"{self!r} still has {len(arena.live) + len(arena.aligned)} live allocations")
+                raise still_live(self, len(arena.live) + len(arena.aligned))
         self.release()
         arena.close_event()
 

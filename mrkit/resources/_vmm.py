@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .._errors import OutOfMemoryError
 from .._sizes import format_size, parse_size
-from .._resource import check_device
+from .._resource import check_device, still_live
 from .._engine import Arena, CachingResource, ChunkSource, FreeList
 from .._stream import DEFAULT_STREAM, Stream, device_scope
 from ..driver import VMM_HANDLE_TYPES, Driver, get_driver
@@ -995,7 +995,7 @@ class VirtualMemoryResource(CachingResource):
         arena, src = self.arena, self._src
         with arena.lock:
             if arena.live or arena.aligned:
-                raise ValueError(f"{self!r} still has {len(arena.live) + len(arena.aligned)} live allocations")
+                raise still_live(self, len(arena.live) + len(arena.aligned))
             arena.apply_deferred()
             src.trim_locked()
             if src.base:
