@@ -6,7 +6,8 @@ chunk would free it twice); a buffer is copied with ``copy.copy`` and its origin
 (the copy keeps its bytes); a resource refuses pickling with a TypeError naming it; a buffer pickles as
 its bytes into the current resource of whoever unpickles it; a pool per trial, each dropped without
 close(), gives its chunks back when the next pool is built, and a log dropped without close() still
-writes its events. At the end every byte is back upstream.
+writes its events; a pool and its log in ``with`` blocks close at the end of them, and an error inside
+stays the error raised. At the end every byte is back upstream.
 
 Runs on a GPU if there is one, else on mrkit's simulated device:  python examples/21_copy_pickle_drop.py
 """
@@ -66,3 +67,19 @@ mrkit.PoolResource(base)  # building a pool gives back what dropped ones held
 assert base.outstanding() == {}
 assert [e.action for e in mrkit.read_log(log_path)] == ["allocate", "free"]
 print("5 pools dropped without close(): every chunk back upstream, the last one's log written")
+
+with mrkit.LoggingAdaptor(base, log_path) as lg, mrkit.PoolResource(lg) as scoped:  # closed in turn on the way out
+    ptr = scoped.allocate(1 << 20, mrkit.DEFAULT_STREAM)
+    scoped.deallocate(ptr, 1 << 20, mrkit.DEFAULT_STREAM)
+assert lg.closed and base.outstanding() == {}
+assert [e.action for e in mrkit.read_log(log_path)] == ["allocate", "free"]  # the pool's one chunk
+try:
+    with mrkit.PoolResource(base) as scoped:
+        ptr = scoped.allocate(1 << 20, mrkit.DEFAULT_STREAM)
+        raise KeyError("an error of the caller's")
+except KeyError:
+    pass  # not replaced by close()'s refusal: the block is still live, and valid
+scoped.deallocate(ptr, 1 << 20, mrkit.DEFAULT_STREAM)
+scoped.close()
+assert base.outstanding() == {}
+print("with blocks: pool and log closed on the way out, every byte back upstream")
