@@ -4,6 +4,7 @@ block, as mrkit's streams, events and buffers do. Leaving normally with allocati
 interrupted stay valid and go back when they are freed or the resource is dropped)."""
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
@@ -27,7 +28,7 @@ def _use(mr, stream=DEFAULT_STREAM):
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
-def test_a_caching_resource_used_in_a_with_block_gives_every_byte_back_upstream(sim, kind):
+def test_a_caching_resource_used_in_a_with_block_gives_every_byte_back_upstream(backend, kind):
     up = TrackingAdaptor(CudaMemoryResource(0))
     with KINDS[kind](up) as mr:
         _use(mr)
@@ -53,6 +54,21 @@ def test_an_owned_device_pool_used_in_a_with_block_is_destroyed(sim):
     assert set(sim.pools()) == before
 
 
+def test_an_owned_device_pool_in_a_with_block_is_destroyed_once_on_either_backend(backend, monkeypatch):
+    destroyed = []
+    real = backend.mem_pool_destroy
+    monkeypatch.setattr(backend, "mem_pool_destroy", lambda h: (destroyed.append(h), real(h))[1])
+    with DeviceMemoryResource(0, options=DeviceMemoryResourceOptions()) as mr:
+        _use(mr)
+        assert destroyed == []
+    assert destroyed == [mr.pool.handle]
+    mr.close()
+    del mr
+    gc.collect()
+    PoolResource(CudaMemoryResource(0))  # runs what dropped resources queued: nothing for this pool
+    assert len(destroyed) == 1
+
+
 def test_the_current_device_pool_is_left_alone_by_a_with_block(sim):
     before = set(sim.pools())
     with DeviceMemoryResource(0) as mr:
@@ -70,7 +86,7 @@ def test_a_log_used_in_a_with_block_is_written_and_closed(sim, tmp_path):
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
-def test_leaving_a_with_block_with_a_live_allocation_is_the_close_error(sim, kind):
+def test_leaving_a_with_block_with_a_live_allocation_is_the_close_error(backend, kind):
     up = TrackingAdaptor(CudaMemoryResource(0))
     with pytest.raises(ValueError, match="1 live allocation"):
         with KINDS[kind](up) as mr:
@@ -81,7 +97,7 @@ def test_leaving_a_with_block_with_a_live_allocation_is_the_close_error(sim, kin
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS) + ["vmm"])
-def test_an_exception_leaving_a_with_block_is_not_replaced_by_the_close_error(sim, kind):
+def test_an_exception_leaving_a_with_block_is_not_replaced_by_the_close_error(backend, kind):
     up = TrackingAdaptor(CudaMemoryResource(0))
     make = (lambda: VirtualMemoryResource(0)) if kind == "vmm" else (lambda: KINDS[kind](up))
     with pytest.raises(KeyError, match="the user's own"):
