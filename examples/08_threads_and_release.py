@@ -1,7 +1,8 @@
 """Many threads allocating on short-lived streams of their own while another thread calls release()
 every millisecond: each thread closes its stream while the pool still holds memory freed on it (the
 release, or another thread's allocation taking that memory over, holds the stream open for the driver
-calls it makes on it). Afterwards every byte is back upstream, and no thread saw an error.
+calls it makes on it). Afterwards every byte is back upstream, and no thread saw an error. A last
+allocation on a closed stream is refused with a ValueError that names it, and changes nothing.
 
 Runs on a GPU if there is one, else on mrkit's simulated device:  python examples/08_threads_and_release.py
 """
@@ -73,3 +74,13 @@ assert pool.live_bytes == 0 and pool.pool_size == 0, pool.pool_size
 assert bins.live_bytes == 0 and bins.pool_size == 0, bins.pool_size
 print(f"4 threads x 20 streams x 100 operations with release() every millisecond on {drv.name}: "
       f"nothing lost (pool holds {pool.pool_size} bytes, binning {bins.pool_size})")
+
+s = mrkit.Stream.create(driver=drv)
+s.close()
+try:
+    pool.allocate(1 << 20, s)  # would grow from the driver pool on a destroyed stream
+    raise SystemExit("an allocation on a closed stream must be refused")
+except ValueError as exc:
+    assert "is closed" in str(exc), exc
+assert pool.live_bytes == 0 and pool.pool_size == 0
+print("an allocation on a closed stream: ValueError, nothing changed")

@@ -19,7 +19,8 @@ import weakref
 from ._owned import Owned
 from .driver import Driver, get_driver
 
-__all__ = ["Stream", "Event", "DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM", "as_stream", "check_stream", "order_after"]
+__all__ = ["Stream", "Event", "DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM", "as_stream", "check_stream", "order_after",
+           "stream_gone"]
 
 _LEGACY_UID = -1
 _PER_THREAD_UID = -2
@@ -279,6 +280,13 @@ def _foreign_handle(obj) -> int:
         return int(obj.cuda_stream)
     raise TypeError(f"stream must be a mrkit.Stream, a stream handle int, or an object with "
                     f"__cuda_stream__ (CuPy, PyTorch, cuda.core), not {type(obj).__name__}")
+
+
+def stream_gone(stream: Stream) -> ValueError:
+    """The error of an allocation on ``stream`` once mrkit knows it is gone (``alive is False``): its
+    handle must not reach the driver (a destroyed stream's handle is undefined behaviour there)."""
+    return ValueError(f"stream {stream!r} is closed (or the object that owned it was collected): nothing "
+                      "can be ordered on it; allocate on a live stream")
 
 
 def as_stream(obj, driver: Driver | None = None) -> Stream:

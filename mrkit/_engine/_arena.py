@@ -13,7 +13,7 @@ from bisect import bisect_left, insort
 from .._errors import CUDAError, OutOfMemoryError
 from .._resource import check_pointer, check_request, size_mismatch, unknown_pointer
 from .._sizes import format_size
-from .._stream import DEFAULT_STREAM, Stream, as_stream, check_stream, device_scope
+from .._stream import DEFAULT_STREAM, Stream, as_stream, check_stream, device_scope, stream_gone
 from ..driver import Driver, get_driver
 from ._freelist import FreeList, drain
 from ._core import paths as _paths
@@ -453,7 +453,11 @@ class Arena:
     def find(self, size: int, stream: Stream, tried: bool = False) -> int:
         """``size`` bytes for ``stream`` (lock held): its own free memory (unless ``tried`` already),
         other streams' free memory (after ordering), new memory from the source, then the
-        out-of-memory reclaim."""
+        out-of-memory reclaim. A stream mrkit knows is gone is refused here, before anything changes:
+        each of those steps may hand its handle to the driver (the stream's own free memory may still
+        be handed out on it, with no driver call)."""
+        if stream.alive is False:
+            raise stream_gone(stream)
         st = self.state(stream)
         fit = self.source.fit
         if not tried:

@@ -7,7 +7,7 @@ from .._errors import CUDAError, OutOfMemoryError
 from .._owned import Closing, Owned, give_back_dropped, give_back_when_dropped
 from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_pointer, check_request
 from .._sizes import format_size, parse_size
-from .._stream import DEFAULT_STREAM, Stream, as_stream, device_scope
+from .._stream import DEFAULT_STREAM, Stream, as_stream, device_scope, stream_gone
 from ..driver import POOL_ATTRIBUTES, Driver, get_driver
 from ._common import LiveTable
 
@@ -251,6 +251,8 @@ class DeviceMemoryResource(Closing, MemoryResource):
             if stream.uid < 0:  # a default stream is this device's (explicit streams skip the guard)
                 with device_scope(self.driver, self.device_id, stream):
                     ptr = self._alloc(nbytes, self._h, stream.handle)
+            elif stream.alive is False:  # a destroyed stream's handle must not reach the driver
+                raise stream_gone(stream)
             else:
                 ptr = self._alloc(nbytes, self._h, stream.handle)
         except (OutOfMemoryError, CUDAError) as exc:
