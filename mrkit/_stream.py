@@ -114,12 +114,18 @@ class Stream(Owned):
     def __cuda_stream__(self):
         return (0, self.handle)
 
+    def _live(self) -> int:
+        """The handle, for a driver call; ``ValueError`` once mrkit knows the stream is gone."""
+        if self.alive is False:
+            raise stream_gone(self)
+        return self.handle
+
     def synchronize(self) -> None:
-        self.driver.stream_synchronize(self.handle)
+        self.driver.stream_synchronize(self._live())
 
     def query(self) -> bool:
         """True when all work enqueued so far has completed."""
-        return self.driver.stream_query(self.handle)
+        return self.driver.stream_query(self._live())
 
     def record(self, event: "Event | None" = None) -> "Event":
         """Record ``event`` (a new one if omitted) on this stream and return it."""
@@ -131,10 +137,10 @@ class Stream(Owned):
     def wait(self, other: "Event | Stream") -> None:
         """Make future work on this stream wait for ``other`` (an event, or all work so far on a stream)."""
         if isinstance(other, Event):
-            self.driver.stream_wait_event(self.handle, other.handle)
+            self.driver.stream_wait_event(self._live(), other._live())
             return
         other = as_stream(other)
-        order_after(self.driver, other.device or 0, self.handle, other.handle)
+        order_after(self.driver, other.device or 0, self._live(), other._live())
 
     def close(self) -> None:
         """Destroy an owning stream (work already enqueued still completes); no-op otherwise. Waits
@@ -212,14 +218,19 @@ class Event(Owned):
         drv = driver or get_driver()
         return cls(drv.event_create(device), device, drv)
 
+    def _live(self) -> int:
+        if self._closed:
+            raise ValueError(f"{self!r} is closed: its handle may no longer be used")
+        return self.handle
+
     def record(self, stream) -> None:
-        self._driver.event_record(self.handle, as_stream(stream).handle)
+        self._driver.event_record(self._live(), as_stream(stream)._live())
 
     def query(self) -> bool:
-        return self._driver.event_query(self.handle)
+        return self._driver.event_query(self._live())
 
     def synchronize(self) -> None:
-        self._driver.event_synchronize(self.handle)
+        self._driver.event_synchronize(self._live())
 
     def close(self) -> None:
         if not self._closed:
@@ -286,7 +297,7 @@ def stream_gone(stream: Stream) -> ValueError:
     """The error of an allocation on ``stream`` once mrkit knows it is gone (``alive is False``): its
     handle must not reach the driver (a destroyed stream's handle is undefined behaviour there)."""
     return ValueError(f"stream {stream!r} is closed (or the object that owned it was collected): nothing "
-                      "can be ordered on it; allocate on a live stream")
+                      "can be ordered on it or waited for; use a live stream")
 
 
 def as_stream(obj, driver: Driver | None = None) -> Stream:

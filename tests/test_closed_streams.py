@@ -113,3 +113,30 @@ def test_threads_whose_streams_close_under_them_lose_nothing(sim, switch_often):
     assert refused  # the closed streams' allocations did reach the driver-facing path
     mr.close()
     assert up.outstanding() == {}
+
+
+def test_a_closed_streams_and_events_handles_never_reach_the_driver(backend):
+    s, t = Stream.create(), Stream.create()
+    ev = s.record()
+    s.close()
+    for call in (s.synchronize, s.query, s.record, lambda: s.wait(t), lambda: t.wait(s), lambda: s.wait(ev),
+                 lambda: ev.record(s)):
+        with pytest.raises(ValueError, match=r"stream .* is closed"):
+            call()
+    ev.close()
+    for call in (ev.query, ev.synchronize, lambda: ev.record(t), lambda: t.wait(ev)):
+        with pytest.raises(ValueError, match=r"Event .* is closed"):
+            call()
+    t.synchronize()  # the live stream still works
+    t.close()
+
+
+def test_a_prefetch_on_a_closed_stream_is_refused(sim):
+    from mrkit import ManagedMemoryResource
+    mr = ManagedMemoryResource(0)
+    p = mr.allocate(4096, DEFAULT_STREAM)
+    s = Stream.create()
+    s.close()
+    with pytest.raises(ValueError, match=r"stream .* is closed"):
+        mr.prefetch(p, 4096, 0, s)
+    mr.deallocate(p, 4096, DEFAULT_STREAM)

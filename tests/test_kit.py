@@ -224,3 +224,33 @@ def test_the_copies_check_accepts_a_copy_that_owns_memory_of_its_own():
             return type(self)(self.up.driver)
 
     assert run_conformance(lambda d: Fresh(d), checks=["copies"], backend="sim") == ["copies"]
+
+
+settings.register_profile("mrkit-test-tiny", max_examples=3, stateful_step_count=5, deadline=None)
+
+
+def test_run_kit_reports_each_verdict_as_it_is_known():
+    from mrkit.testing import run_kit
+
+    def broken(drv):
+        raise RuntimeError("this factory cannot build its resource")
+
+    seen = []
+    results = run_kit({"host": BUILTIN_FACTORIES["host"], "broken": broken, "cuda": BUILTIN_FACTORIES["cuda"]},
+                      profile="mrkit-test-tiny", races=False,
+                      on_result=lambda name, found, secs: seen.append((name, found, secs)))
+    assert [n for n, _, _ in seen] == ["host", "broken", "cuda"]  # a finding does not stop the others
+    assert seen[0][1] is None and seen[2][1] is None
+    assert seen[1][1].startswith("RuntimeError: this factory cannot build")
+    assert all(secs >= 0 for _, _, secs in seen)
+    assert results == {n: f for n, f, _ in seen}
+
+
+def test_the_kit_command_prints_each_resource_then_a_summary(capsys):
+    from mrkit.testing.__main__ import main
+    assert main(["--profile", "mrkit-test-tiny", "--no-races", "host", "cuda"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(" (")[0] for ln in lines[:2]] == ["ok   host", "ok   cuda"]
+    assert lines[0].endswith(" s)") and lines[2].startswith("2 passed, 0 failed in ")
+    assert main(["nope"]) == 2
+    assert "unknown factories ['nope']" in capsys.readouterr().err

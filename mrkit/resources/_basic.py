@@ -192,7 +192,7 @@ class ManagedMemoryResource(_DriverResource):
 
     def prefetch(self, ptr: int, nbytes: int, location, stream) -> None:
         """``cuMemPrefetchAsync`` of ``[ptr, ptr+nbytes)`` to ``location`` on ``stream``."""
-        self.driver.mem_prefetch_async(ptr, nbytes, location, as_stream(stream, self.driver).handle)
+        self.driver.mem_prefetch_async(ptr, nbytes, location, as_stream(stream, self.driver)._live())
 
     def __eq__(self, other):
         return super().__eq__(other) and other.attach == self.attach

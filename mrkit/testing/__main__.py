@@ -20,14 +20,16 @@ def main(argv=None) -> int:
     phase.add_argument("--races-only", action="store_true", help="run the race test alone")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
+
+    def report(name, found, seconds):  # each verdict as it is known: a deep profile takes minutes a resource
+        print(f"{'FAIL' if found else 'ok  '} {name} ({seconds:.1f} s)" + (f": {found}" if found else ""), flush=True)
+
     try:
         results = run_kit(args.names or None, profile=args.profile, shrink=not args.no_shrink, backend=args.backend,
-                          races="only" if args.races_only else not args.no_races)
+                          races="only" if args.races_only else not args.no_races, on_result=report)
     except ValueError as exc:
         print(f"mrkit.testing: error: {exc}", file=sys.stderr)
         return 2
-    for name, found in results.items():
-        print(f"{'FAIL' if found else 'ok  '} {name}" + (f": {found}" if found else ""))
     bad = sum(1 for f in results.values() if f)
     print(f"{len(results) - bad} passed, {bad} failed in {time.perf_counter() - t0:.1f} s (profile {args.profile})")
     return 1 if bad else 0

@@ -2,6 +2,7 @@
 ``python -m mrkit.testing``."""
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from ..driver import Driver
@@ -14,13 +15,16 @@ __all__ = ["run_kit"]
 
 def run_kit(factories: dict[str, Callable[[Driver], object]] | list[str] | None = None, *,
             profile: str = "ci", shrink: bool = True, backend: str | None = None,
-            races: bool | str = True) -> dict[str, str | None]:
+            races: bool | str = True, on_result: Callable[[str, str | None, float], None] | None = None,
+            ) -> dict[str, str | None]:
     """Run the conformance suite and the state machine on each factory (a dict name -> factory, or
     names of :data:`BUILTIN_FACTORIES`; default: all of them) under the Hypothesis ``profile``.
     Returns name -> None when the kit passed, else the first line of what it found. With
     ``shrink=False`` a failure is reported as found, without shrinking it (for mutation runs, where
     only detection matters; the run then stops at the first finding). ``races``: also race-test each resource with 2–4 threads in controlled
-    interleavings (:func:`race_test`, on the simulator only); ``races="only"``: the race test alone."""
+    interleavings (:func:`race_test`, on the simulator only); ``races="only"``: the race test alone.
+    ``on_result(name, found, seconds)`` is called as each factory's verdict is known (progress for long
+    profiles: ``nightly`` takes minutes a factory)."""
     from hypothesis import Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
@@ -39,6 +43,7 @@ def run_kit(factories: dict[str, Callable[[Driver], object]] | list[str] | None 
     s = settings(base, database=None, phases=phases, print_blob=shrink)
     results: dict[str, str | None] = {}
     for name, factory in factories.items():
+        t0 = time.perf_counter()
         try:
             if races != "only":
                 run_conformance(factory, backend=backend)
@@ -49,6 +54,8 @@ def run_kit(factories: dict[str, Callable[[Driver], object]] | list[str] | None 
         except Exception as exc:  # noqa: BLE001 - every finding is reported, whatever its type
             first = (str(exc).strip().splitlines() or [""])[0]
             results[name] = f"{type(exc).__name__}: {first[:300]}"
-            if not shrink:  # detection only (mutation runs): the first finding is the verdict
-                break
+        if on_result is not None:
+            on_result(name, results[name], time.perf_counter() - t0)
+        if results[name] is not None and not shrink:  # detection only (mutation runs): the first finding is the verdict
+            break
     return results
