@@ -208,6 +208,7 @@ class Buffer:
         """A new buffer from ``resource`` holding ``data`` (bytes-like), written on ``stream``."""
         data = memoryview(data).cast("B")
         s = as_stream(stream)
+        s._live()  # a closed stream is refused before anything is allocated
         buf = resource.allocate_buffer(len(data), s, alignment)
         try:
             if data.nbytes and resource.device_accessible:
@@ -226,8 +227,7 @@ class Buffer:
         if not self.size:
             return b""
         if mr.device_accessible:
-            s = self.stream if stream is None else as_stream(stream)
-            return (driver_of(mr) or get_driver()).copy_to_host(self.ptr, self.size, s.handle)
+            return (driver_of(mr) or get_driver()).copy_to_host(self.ptr, self.size, self._usable(stream).handle)
         return ctypes.string_at(self.ptr, self.size)
 
     def copy(self, stream=None) -> "Buffer":
@@ -236,13 +236,14 @@ class Buffer:
         after the work on this buffer's stream. ``copy.copy`` and ``copy.deepcopy`` call it. Pickling
         is by value too: the bytes, unpickled into the current resource of the receiving process."""
         mr = self._open()
-        s = self.stream if stream is None else as_stream(stream)
+        own = self._usable(None)
+        s = own if stream is None else self._usable(stream)
         new = mr.allocate_buffer(self.size, s, self.alignment)
         try:
             if self.size and mr.device_accessible:
                 drv = driver_of(mr) or get_driver()
-                if s != self.stream:
-                    order_after(drv, mr.device_id or 0, s.handle, self.stream.handle)
+                if s != own:
+                    order_after(drv, mr.device_id or 0, s.handle, own.handle)
                 drv.memcpy_async(new.ptr, self.ptr, self.size, s.handle)
             elif self.size:
                 ctypes.memmove(new.ptr, self.ptr, self.size)
@@ -255,6 +256,23 @@ class Buffer:
 
     def __deepcopy__(self, memo) -> "Buffer":
         return self.copy()
+
+    def _usable(self, stream) -> Stream:
+        """The stream of a driver call on this buffer: ``stream`` when given (``ValueError`` once it is
+        closed), else the buffer's own. Once that one is gone, its work may still be queued: the device
+        is synchronised and the legacy default stream stands in for it (the destroyed handle never
+        reaches the driver)."""
+        if stream is not None:
+            s = as_stream(stream)
+            s._live()
+            return s
+        s = self.stream
+        if s.alive is False:
+            drv = driver_of(self.resource)
+            if drv is not None:
+                drv.ctx_synchronize(self.resource.device_id or 0)
+            return DEFAULT_STREAM
+        return s
 
     def _open(self) -> MemoryResource:
         mr = self.resource
@@ -275,7 +293,7 @@ class Buffer:
     def __cuda_array_interface__(self) -> dict:
         if not self._open().device_accessible:
             raise AttributeError("host-only memory has no __cuda_array_interface__")
-        h = self.stream.handle
+        h = self._usable(None).handle
         return {"shape": (self.size,), "typestr": "|u1", "data": (self.ptr or 0, False),
                 "strides": None, "version": 3, "stream": 1 if h == 0 else h}
 
@@ -295,9 +313,10 @@ class Buffer:
             if isinstance(stream, bool) or not isinstance(stream, int) or stream == 0:
                 raise ValueError(f"stream must be a CUDA stream handle int (not 0), got {stream!r}")
             consumer = 0 if stream == 1 else stream
-            if consumer != self.stream.handle:
+            own = self._usable(None)
+            if consumer != own.handle:
                 drv = driver_of(self.resource) or get_driver()
-                order_after(drv, self.resource.device_id or 0, consumer, self.stream.handle)
+                order_after(drv, self.resource.device_id or 0, consumer, own.handle)
         versioned = max_version is not None and tuple(max_version)[0] >= 1
         return to_dlpack_capsule(self, versioned)
 

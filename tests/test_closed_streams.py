@@ -140,3 +140,45 @@ def test_a_prefetch_on_a_closed_stream_is_refused(sim):
     with pytest.raises(ValueError, match=r"stream .* is closed"):
         mr.prefetch(p, 4096, 0, s)
     mr.deallocate(p, 4096, DEFAULT_STREAM)
+
+
+def test_a_buffer_whose_stream_was_closed_still_reads_copies_exports_and_frees(backend):
+    """``with Stream.create() as s: buf = mr.allocate_buffer(n, s); ...`` then using ``buf`` after the
+    block: the buffer's stream is gone, so mrkit waits for the device (its work may still run) and uses
+    the default stream in its place, never the destroyed handle."""
+    from mrkit import Buffer
+    up = TrackingAdaptor(CudaMemoryResource(0))
+    mr = PoolResource(up)
+    data = bytes(range(256)) * 16
+    with Stream.create() as s:
+        buf = Buffer.from_bytes(data, mr, s)
+    assert buf.stream is s and s.alive is False
+    assert buf.tobytes() == data
+    dup = buf.copy()
+    assert dup.tobytes() == data and dup.ptr != buf.ptr
+    cai = buf.__cuda_array_interface__
+    assert cai["stream"] == 1  # the legacy default stream stands in for the destroyed one
+    t = Stream.create()
+    capsule = buf.__dlpack__(stream=t.handle)  # the consumer's stream ordered after the device's work
+    del capsule
+    assert buf.copy(t).tobytes(t) == data
+    for b in (buf, dup):
+        b.close()
+    t.synchronize()
+    t.close()
+    mr.close()
+    assert up.outstanding() == {}
+
+
+def test_a_buffer_asked_to_use_a_closed_stream_is_refused(backend):
+    from mrkit import Buffer
+    mr = PoolResource(CudaMemoryResource(0))
+    buf = Buffer.from_bytes(b"abc", mr)
+    s = Stream.create()
+    s.close()
+    for call in (lambda: buf.tobytes(s), lambda: buf.copy(s), lambda: Buffer.from_bytes(b"x", mr, s)):
+        with pytest.raises(ValueError, match=r"stream .* is closed"):
+            call()
+    assert buf.tobytes() == b"abc"
+    buf.close()
+    mr.close()
