@@ -9,7 +9,7 @@ from ._stream import DEFAULT_STREAM, Stream, as_stream, order_after
 from .driver import Driver, get_driver
 
 __all__ = ["MemoryResource", "Buffer", "check_request", "check_size", "check_device", "check_pointer", "unknown_pointer",
-           "size_mismatch", "still_live", "upstream_chain"]
+           "size_mismatch", "still_live", "closed_resource", "upstream_chain"]
 
 
 # The fast paths test ``alignment is not DEFAULT_ALIGNMENT``: an identity test, as cheap as ``!= 256``,
@@ -66,6 +66,12 @@ def unknown_pointer(ptr, owner) -> ValueError:
 def still_live(owner, n: int) -> ValueError:
     """The error of ``owner.close()`` while ``n`` of its allocations are live (nothing is changed)."""
     return ValueError(f"{owner!r} still has {n} live allocation{'' if n == 1 else 's'}; free them before close()")
+
+
+def closed_resource(owner) -> ValueError:
+    """The error of an allocation from ``owner`` after its ``close()`` (frees of what it handed out
+    before are still taken where the memory allows it)."""
+    return ValueError(f"{owner!r} is closed: it hands out no more memory")
 
 
 def size_mismatch(nbytes, size, ptr) -> ValueError:

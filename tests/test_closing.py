@@ -145,3 +145,33 @@ def test_threads_using_pools_in_with_blocks_give_every_byte_back(sim, switch_oft
     assert errors == []
     shared.close()
     assert up.outstanding() == {}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS) + ["vmm"])
+def test_a_closed_caching_resource_refuses_to_allocate_and_holds_nothing(backend, kind):
+    up = TrackingAdaptor(CudaMemoryResource(0))
+    mr = VirtualMemoryResource(0) if kind == "vmm" else KINDS[kind](up)
+    with mr:
+        _use(mr)
+    for n in SIZES:  # binned, served upstream, and the VMM's pages alike
+        with pytest.raises(ValueError, match="is closed"):
+            mr.allocate(n, DEFAULT_STREAM)
+    assert up.outstanding() == {} and mr.live_bytes == 0
+    assert mr.allocate(0, DEFAULT_STREAM) == 0
+    mr.close()  # again: nothing to do
+
+
+def test_a_closed_device_resource_refuses_the_destroyed_pool_and_still_frees_into_it(backend):
+    mr = DeviceMemoryResource(0, options=DeviceMemoryResourceOptions())
+    p = mr.allocate(5000, DEFAULT_STREAM)
+    pool = mr.pool
+    mr.close()  # outstanding allocations are released as they are freed (cuMemPoolDestroy)
+    with pytest.raises(ValueError, match="is closed"):
+        mr.allocate(5000, DEFAULT_STREAM)
+    for call in (pool.trim_to, lambda: pool.get_attribute("used_mem_current"), lambda: pool.reserved_mem_current,
+                 lambda: pool.set_attribute("release_threshold", 0), pool.reset_high_watermarks,
+                 lambda: pool.access_from(0), pool.export_handle, mr.trim):
+        with pytest.raises(ValueError, match="is closed"):
+            call()
+    mr.deallocate(p, 5000, DEFAULT_STREAM)
+    assert mr.outstanding() == {}

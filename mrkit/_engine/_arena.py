@@ -11,7 +11,7 @@ import weakref
 from bisect import bisect_left, insort
 
 from .._errors import CUDAError, OutOfMemoryError
-from .._resource import check_pointer, check_request, size_mismatch, unknown_pointer
+from .._resource import check_pointer, check_request, closed_resource, size_mismatch, unknown_pointer
 from .._sizes import format_size
 from .._stream import DEFAULT_STREAM, Stream, as_stream, check_stream, device_scope, stream_gone
 from ..driver import Driver, get_driver
@@ -290,6 +290,7 @@ class Arena:
         self.boundaries = self.build.Boundaries()  # chunk bases: blocks never coalesce across them
         self.held = 0
         self.event = None
+        self.closed = False  # set by the owner's close(): every allocation reaching find() is refused
         self._prepare = source.prepare if source.prepares else None
         # the default placement and nothing to prepare: the compiled build runs the placement in C too
         self.default_fit = type(source).fit is ChunkSource.fit and self._prepare is None
@@ -456,6 +457,8 @@ class Arena:
         out-of-memory reclaim. A stream mrkit knows is gone is refused here, before anything changes:
         each of those steps may hand its handle to the driver (the stream's own free memory may still
         be handed out on it, with no driver call)."""
+        if self.closed:  # nothing is held once closed: every allocation misses and arrives here
+            raise closed_resource(self.owner)
         if stream.alive is False:
             raise stream_gone(stream)
         st = self.state(stream)

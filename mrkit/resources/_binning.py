@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 
 from .._engine import GRAIN, Arena, CachingResource
-from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_request, size_mismatch, still_live, unknown_pointer
+from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_request, closed_resource, size_mismatch, still_live, unknown_pointer
 from .._sizes import parse_size
 from ..driver import Driver
 from ._pool import UpstreamCachingResource, UpstreamChunks
@@ -83,6 +83,8 @@ class BinningResource(UpstreamCachingResource):
         if nbytes == 0:
             return self._bin_alloc(0, stream)  # validates the stream, returns 0
         if nbytes > self.max_bin or alignment > GRAIN:
+            if self.arena.closed:
+                raise closed_resource(self)
             ptr = self.upstream.allocate(nbytes, stream, alignment)
             self._large[ptr] = nbytes
             return ptr
@@ -137,12 +139,13 @@ class BinningResource(UpstreamCachingResource):
 
     def close(self) -> None:
         """Give every chunk back upstream; raises ``ValueError`` if allocations are still live (binned or
-        served by the upstream), changing nothing."""
+        served by the upstream), changing nothing. Afterwards an allocation is a ``ValueError``."""
         arena = self.arena
         with arena.lock, self._lock:
             n = len(self._sizes) + len(self._large)
             if n:
                 raise still_live(self, n)
+            arena.closed = True
         self.release()
         arena.close_event()
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from .._errors import CUDAError, OutOfMemoryError
 from .._owned import Closing, Owned, give_back_dropped, give_back_when_dropped
-from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_pointer, check_request
+from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_pointer, check_request, closed_resource
 from .._sizes import format_size, parse_size
 from .._stream import DEFAULT_STREAM, Stream, as_stream, device_scope, stream_gone
 from ..driver import POOL_ATTRIBUTES, Driver, get_driver
@@ -118,13 +118,13 @@ class MemoryPool(Closing, Owned):
     def get_attribute(self, name: str) -> int:
         if name not in POOL_ATTRIBUTES:
             raise ValueError(f"unsupported pool attribute: {name!r} (expected one of {list(POOL_ATTRIBUTES)})")
-        return self.driver.mem_pool_get_attribute(self.handle, name)
+        return self.driver.mem_pool_get_attribute(self._live(), name)
 
     def set_attribute(self, name: str, value, *, process_wide: bool = False) -> None:
         if name not in POOL_ATTRIBUTES:
             raise ValueError(f"unsupported pool attribute: {name!r} (expected one of {list(POOL_ATTRIBUTES)})")
         self._may_modify(process_wide)
-        self.driver.mem_pool_set_attribute(self.handle, name, parse_size(value, name) if isinstance(value, str) else int(value))
+        self.driver.mem_pool_set_attribute(self._live(), name, parse_size(value, name) if isinstance(value, str) else int(value))
 
     @property
     def attributes(self) -> dict:
@@ -145,32 +145,32 @@ class MemoryPool(Closing, Owned):
     def reset_high_watermarks(self, *, process_wide: bool = False) -> None:
         """Reset ``reserved_mem_high`` and ``used_mem_high`` to the current values."""
         self._may_modify(process_wide)
-        self.driver.mem_pool_set_attribute(self.handle, "reserved_mem_high", 0)
+        self.driver.mem_pool_set_attribute(self._live(), "reserved_mem_high", 0)
         self.driver.mem_pool_set_attribute(self.handle, "used_mem_high", 0)
 
     def trim_to(self, min_bytes_to_keep: int | str = 0) -> None:
         """Give unused memory back to the OS until at most ``min_bytes_to_keep`` stay reserved
         (frees not yet observed complete may still count as in use)."""
-        self.driver.mem_pool_trim_to(self.handle, parse_size(min_bytes_to_keep, "min_bytes_to_keep"))
+        self.driver.mem_pool_trim_to(self._live(), parse_size(min_bytes_to_keep, "min_bytes_to_keep"))
 
     # -- access from other devices -----------------------------------------------------------
     def enable_access_from(self, device: int, flags: str = "readwrite", *, process_wide: bool = False) -> None:
         """Let ``device`` access the pool's memory (``cuMemPoolSetAccess``); ``flags`` is
         ``"readwrite"``, ``"read"`` or ``"none"`` (to revoke)."""
         self._may_modify(process_wide)
-        self.driver.mem_pool_set_access(self.handle, device, flags)
+        self.driver.mem_pool_set_access(self._live(), device, flags)
 
     def is_accessible_from(self, device: int) -> bool:
-        return self.driver.mem_pool_get_access(self.handle, device) != "none"
+        return self.driver.mem_pool_get_access(self._live(), device) != "none"
 
     def access_from(self, device: int) -> str:
-        return self.driver.mem_pool_get_access(self.handle, device)
+        return self.driver.mem_pool_get_access(self._live(), device)
 
     # -- IPC -------------------------------------------------------------------------------
     def export_handle(self) -> int:
         """A POSIX file descriptor naming this pool, to pass to another process (the pool must have
         been created with ``ipc_handle_type="posix_fd"``)."""
-        return self.driver.mem_pool_export_to_shareable_handle(self.handle)
+        return self.driver.mem_pool_export_to_shareable_handle(self._live())
 
     def export_pointer(self, ptr: int) -> bytes:
         """64 bytes describing an allocation of this pool, to send to an importing process."""
@@ -178,7 +178,7 @@ class MemoryPool(Closing, Owned):
 
     def import_pointer(self, data: bytes) -> int:
         """Map an allocation exported by the owning process into this (imported) pool."""
-        return self.driver.mem_pool_import_pointer(self.handle, bytes(data))
+        return self.driver.mem_pool_import_pointer(self._live(), bytes(data))
 
     def close(self) -> None:
         """Destroy an owned pool (outstanding allocations are released as they are freed). An owned pool
@@ -188,6 +188,12 @@ class MemoryPool(Closing, Owned):
             if self._on_drop is not None:
                 self._on_drop.detach()
             self.driver.mem_pool_destroy(self.handle)
+
+    def _live(self) -> int:
+        """The handle, for a driver call; ``ValueError`` once :meth:`close` destroyed the pool."""
+        if self._closed:
+            raise ValueError(f"{self!r} is closed: the driver destroyed it")
+        return self.handle
 
     def _may_modify(self, process_wide: bool) -> None:
         if not self.owned and not process_wide:
@@ -247,11 +253,13 @@ class DeviceMemoryResource(Closing, MemoryResource):
                 return 0
         if type(stream) is not Stream:
             stream = as_stream(stream, self.driver)
+        if self.pool._closed:  # a destroyed pool's handle must not reach the driver
+            raise closed_resource(self)
         try:
             if stream.uid < 0:  # a default stream is this device's (explicit streams skip the guard)
                 with device_scope(self.driver, self.device_id, stream):
                     ptr = self._alloc(nbytes, self._h, stream.handle)
-            elif stream.alive is False:  # a destroyed stream's handle must not reach the driver
+            elif stream.alive is False:  # nor a destroyed stream's
                 raise stream_gone(stream)
             else:
                 ptr = self._alloc(nbytes, self._h, stream.handle)

@@ -202,11 +202,13 @@ class PoolResource(UpstreamCachingResource):
     trim = release
 
     def close(self) -> None:
-        """Release everything; raises ``ValueError`` if allocations are still live."""
+        """Release everything; raises ``ValueError`` if allocations are still live (nothing changes).
+        Afterwards an allocation is a ``ValueError``."""
         arena = self.arena
         with arena.lock:
             if arena.live or arena.aligned:
                 raise still_live(self, len(arena.live) + len(arena.aligned))
+            arena.closed = True
         self.release()
         arena.close_event()
 

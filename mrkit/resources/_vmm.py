@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .._errors import OutOfMemoryError
 from .._sizes import format_size, parse_size
-from .._resource import check_device, still_live
+from .._resource import check_device, closed_resource, still_live
 from .._engine import Arena, CachingResource, ChunkSource, FreeList
 from .._stream import DEFAULT_STREAM, Stream, device_scope
 from ..driver import VMM_HANDLE_TYPES, Driver, get_driver
@@ -428,6 +428,9 @@ class _VirtualChunks(ChunkSource):
         return at
 
     def prepare(self, arena, ptr, size, stream):
+        if not self.base:  # closed: its free lists still name ranges of the reservation it gave back
+            arena.state(stream).free.insert(ptr, size, arena.boundaries)  # back where it was (lock held)
+            raise closed_resource(arena.owner)
         base, page = self.base, self.page
         if not self._cov.covers((ptr - base) // page, (ptr + size - 1 - base) // page + 1):
             ptr = self._map_or_retry(ptr, size, stream)
@@ -996,6 +999,7 @@ class VirtualMemoryResource(CachingResource):
         with arena.lock:
             if arena.live or arena.aligned:
                 raise still_live(self, len(arena.live) + len(arena.aligned))
+            arena.closed = True
             arena.apply_deferred()
             src.trim_locked()
             if src.base:
