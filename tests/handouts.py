@@ -22,6 +22,17 @@ class HandOuts:
             self._live.discard(ptr)
 
 
+def in_threads(works) -> None:
+    """Each of ``works`` (``work(errors)``, appending what it catches) in its own thread; no error."""
+    errors: list = []
+    ws = [threading.Thread(target=work, args=(errors,)) for work in works]
+    for w in ws:
+        w.start()
+    for w in ws:
+        w.join()
+    assert not errors, errors[0]
+
+
 def race(works, churn, period=0.0):
     """Each of ``works`` (``work(errors)``, appending what it catches) in its own thread, and one
     thread calling ``churn()`` every ``period`` seconds until they are done; no error."""

@@ -6,9 +6,10 @@ where it was, and every byte goes back upstream at the end. Frees on a closed st
 work still completes; mrkit waits for it)."""
 from __future__ import annotations
 
-import threading
+import functools
 
 import pytest
+from handouts import in_threads
 
 from mrkit import (
     DEFAULT_STREAM, BinningResource, CudaMemoryResource, DeviceMemoryResource, PoolResource, Stream,
@@ -81,9 +82,9 @@ def test_threads_whose_streams_close_under_them_lose_nothing(sim, switch_often):
     ValueError, and every byte goes back upstream."""
     up = TrackingAdaptor(CudaMemoryResource(0))
     mr = PoolResource(up)
-    errors, refused = [], []
+    refused = []
 
-    def worker(k):
+    def worker(k, errors):
         s = Stream.create()
         held = []
         try:
@@ -104,12 +105,7 @@ def test_threads_whose_streams_close_under_them_lose_nothing(sim, switch_often):
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    in_threads([functools.partial(worker, k) for k in range(4)])
     assert refused  # the closed streams' allocations did reach the driver-facing path
     mr.close()
     assert up.outstanding() == {}

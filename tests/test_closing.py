@@ -4,10 +4,11 @@ block, as mrkit's streams, events and buffers do. Leaving normally with allocati
 interrupted stay valid and go back when they are freed or the resource is dropped)."""
 from __future__ import annotations
 
+import functools
 import gc
-import threading
 
 import pytest
+from handouts import in_threads
 
 from mrkit import (
     DEFAULT_STREAM, BinningResource, CudaMemoryResource, DeviceMemoryResource, DeviceMemoryResourceOptions,
@@ -124,9 +125,8 @@ def test_a_binning_resource_refuses_close_while_a_large_allocation_is_live(sim):
 def test_threads_using_pools_in_with_blocks_give_every_byte_back(sim, switch_often):
     up = TrackingAdaptor(CudaMemoryResource(0))
     shared = PoolResource(up)
-    errors = []
 
-    def worker(seed):
+    def worker(seed, errors):
         try:
             s = Stream.create()
             for i in range(20):
@@ -137,12 +137,7 @@ def test_threads_using_pools_in_with_blocks_give_every_byte_back(sim, switch_oft
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    in_threads([functools.partial(worker, k) for k in range(4)])
     shared.close()
     assert up.outstanding() == {}
 
