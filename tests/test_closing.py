@@ -156,11 +156,31 @@ def test_a_closed_caching_resource_refuses_to_allocate_and_holds_nothing(backend
     mr.close()  # again: nothing to do
 
 
-def test_a_closed_device_resource_refuses_the_destroyed_pool_and_still_frees_into_it(backend):
+def test_closing_a_device_resource_with_a_live_allocation_is_refused_and_changes_nothing(backend):
+    """A free into a pool the driver destroyed with the block outstanding (which cuMemPoolDestroy allows)
+    crashed the process at the next cuCtxSynchronize on an H100 (eighteenth session): mrkit never
+    destroys a pool its own allocations still use."""
     mr = DeviceMemoryResource(0, options=DeviceMemoryResourceOptions())
     p = mr.allocate(5000, DEFAULT_STREAM)
+    with pytest.raises(ValueError, match="1 live allocation"):
+        mr.close()
+    with pytest.raises(ValueError, match="1 live allocation"):
+        with mr:
+            pass
+    assert not mr.pool._closed and mr.outstanding() == {p: 5000}
+    q = mr.allocate(100, DEFAULT_STREAM)  # still serving
+    for ptr, n in ((p, 5000), (q, 100)):
+        mr.deallocate(ptr, n, DEFAULT_STREAM)
+    mr.close()
+    assert mr.pool._closed
+
+
+def test_a_closed_device_resource_refuses_the_destroyed_pool(backend):
+    mr = DeviceMemoryResource(0, options=DeviceMemoryResourceOptions())
+    p = mr.allocate(5000, DEFAULT_STREAM)
+    mr.deallocate(p, 5000, DEFAULT_STREAM)
     pool = mr.pool
-    mr.close()  # outstanding allocations are released as they are freed (cuMemPoolDestroy)
+    mr.close()
     with pytest.raises(ValueError, match="is closed"):
         mr.allocate(5000, DEFAULT_STREAM)
     for call in (pool.trim_to, lambda: pool.get_attribute("used_mem_current"), lambda: pool.reserved_mem_current,
@@ -168,5 +188,19 @@ def test_a_closed_device_resource_refuses_the_destroyed_pool_and_still_frees_int
                  lambda: pool.access_from(0), pool.export_handle, mr.trim):
         with pytest.raises(ValueError, match="is closed"):
             call()
-    mr.deallocate(p, 5000, DEFAULT_STREAM)
     assert mr.outstanding() == {}
+
+
+def test_a_pool_closed_by_itself_waits_for_the_frees_and_refuses_while_memory_is_in_use(sim):
+    """``MemoryPool.close()`` knows no table of blocks: it waits for the device (frees still queued
+    complete) and refuses, destroying nothing, while the driver counts memory of the pool in use."""
+    mr = DeviceMemoryResource(0, options=DeviceMemoryResourceOptions())
+    s = Stream.create()
+    p = mr.allocate(5000, s)
+    with pytest.raises(ValueError, match="in use"):
+        mr.pool.close()
+    assert not mr.pool._closed
+    mr.deallocate(p, 5000, s)  # queued on s, not yet run by the simulator
+    mr.pool.close()
+    assert mr.pool._closed and mr.pool.handle not in sim.pools()
+    s.close()

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 from .._errors import CUDAError, OutOfMemoryError
 from .._owned import Closing, Owned, give_back_dropped, give_back_when_dropped
-from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_pointer, check_request, closed_resource
+from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_pointer, check_request, closed_resource, \
+    still_live
 from .._sizes import format_size, parse_size
 from .._stream import DEFAULT_STREAM, Stream, as_stream, device_scope, stream_gone
 from ..driver import POOL_ATTRIBUTES, Driver, get_driver
@@ -46,6 +47,12 @@ class DeviceMemoryResourceOptions:
             raise ValueError(f"unsupported ipc_handle_type: {self.ipc_handle_type!r} (expected 'none' or 'posix_fd')")
         if self.max_size and self.initial_size > self.max_size:
             raise ValueError(f"initial_size {self.initial_size} exceeds max_size {self.max_size}")
+
+
+def _destroy_dropped(drv: Driver, device: int, handle: int) -> None:
+    """Destroy a pool collected without ``close()``, once the device is idle (no free still queued)."""
+    drv.ctx_synchronize(device)
+    drv.mem_pool_destroy(handle)
 
 
 class MemoryPool(Closing, Owned):
@@ -104,7 +111,7 @@ class MemoryPool(Closing, Owned):
             raise
         # collected without close(): destroyed at the next construction (the driver frees what is
         # still allocated from it as it is freed, so destroying it under live blocks is safe)
-        pool._on_drop = give_back_when_dropped(pool, drv.mem_pool_destroy, handle)
+        pool._on_drop = give_back_when_dropped(pool, _destroy_dropped, drv, device, handle)
         return pool
 
     @classmethod
@@ -181,13 +188,21 @@ class MemoryPool(Closing, Owned):
         return self.driver.mem_pool_import_pointer(self._live(), bytes(data))
 
     def close(self) -> None:
-        """Destroy an owned pool (outstanding allocations are released as they are freed). An owned pool
-        collected without ``close()`` is destroyed when the next pool or caching resource is built."""
+        """Destroy an owned pool, once the device is idle (frees still queued complete first);
+        ``ValueError``, destroying nothing, while the driver counts memory of the pool in use. (The
+        driver allows destroying a pool under live blocks and freeing them later; on an H100 such a free
+        crashed the process at the next ``cuCtxSynchronize``.) An owned pool collected without
+        ``close()`` is destroyed when the next pool or caching resource is built."""
         if self.owned and not self._closed:
+            drv = self.driver
+            drv.ctx_synchronize(self.device)
+            used = drv.mem_pool_get_attribute(self.handle, "used_mem_current")
+            if used:
+                raise ValueError(f"{self!r} still has {used} bytes in use; free them before close()")
             self._closed = True
             if self._on_drop is not None:
                 self._on_drop.detach()
-            self.driver.mem_pool_destroy(self.handle)
+            drv.mem_pool_destroy(self.handle)
 
     def _live(self) -> int:
         """The handle, for a driver call; ``ValueError`` once :meth:`close` destroyed the pool."""
@@ -320,8 +335,12 @@ class DeviceMemoryResource(Closing, MemoryResource):
         self.pool.trim_to(0)
 
     def close(self) -> None:
-        """Destroy the pool if this resource created it."""
-        self.pool.close()
+        """Destroy the pool if this resource created it (:meth:`MemoryPool.close`); ``ValueError``,
+        nothing changed, while allocations it handed out are live."""
+        pool = self.pool
+        if pool.owned and not pool._closed and self._live.live:
+            raise still_live(self, len(self._live.live))
+        pool.close()
 
     def __eq__(self, other):
         return isinstance(other, DeviceMemoryResource) and other.pool == self.pool
