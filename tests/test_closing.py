@@ -157,9 +157,9 @@ def test_a_closed_caching_resource_refuses_to_allocate_and_holds_nothing(backend
 
 
 def test_closing_a_device_resource_with_a_live_allocation_is_refused_and_changes_nothing(backend):
-    """A free into a pool the driver destroyed with the block outstanding (which cuMemPoolDestroy allows)
-    crashed the process at the next cuCtxSynchronize on an H100 (eighteenth session): mrkit never
-    destroys a pool its own allocations still use."""
+    """As every resource's close() does: a pool is not destroyed under blocks still in use (the driver
+    allows it and frees them as they are freed; the one GPU crash of the eighteenth session came at the
+    first cuCtxSynchronize after a test that did so, cause not established). Nothing changes."""
     mr = DeviceMemoryResource(0, options=DeviceMemoryResourceOptions())
     p = mr.allocate(5000, DEFAULT_STREAM)
     with pytest.raises(ValueError, match="1 live allocation"):

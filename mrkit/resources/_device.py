@@ -189,9 +189,9 @@ class MemoryPool(Closing, Owned):
 
     def close(self) -> None:
         """Destroy an owned pool, once the device is idle (frees still queued complete first);
-        ``ValueError``, destroying nothing, while the driver counts memory of the pool in use. (The
-        driver allows destroying a pool under live blocks and freeing them later; on an H100 such a free
-        crashed the process at the next ``cuCtxSynchronize``.) An owned pool collected without
+        ``ValueError``, destroying nothing, while the driver counts memory of the pool in use (the driver
+        would allow it, freeing those blocks as they are freed; mrkit does not rely on it). An owned
+        pool collected without
         ``close()`` is destroyed when the next pool or caching resource is built."""
         if self.owned and not self._closed:
             drv = self.driver
