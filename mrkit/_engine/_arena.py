@@ -13,7 +13,7 @@ from bisect import bisect_left, insort
 from .._errors import CUDAError, OutOfMemoryError
 from .._resource import check_pointer, check_request, closed_resource, size_mismatch, unknown_pointer
 from .._sizes import format_size
-from .._stream import DEFAULT_STREAM, Stream, as_stream, check_stream, device_scope, stream_gone
+from .._stream import DEFAULT_STREAM, Stream, as_stream, check_stream, device_scope
 from ..driver import Driver, get_driver
 from ._freelist import FreeList, drain
 from ._core import paths as _paths
@@ -459,8 +459,7 @@ class Arena:
         be handed out on it, with no driver call)."""
         if self.closed:  # nothing is held once closed: every allocation misses and arrives here
             raise closed_resource(self.owner)
-        if stream.alive is False:
-            raise stream_gone(stream)
+        stream._live()  # ValueError once mrkit knows it is gone
         st = self.state(stream)
         fit = self.source.fit
         if not tried:

@@ -8,7 +8,7 @@ from .._owned import Closing, Owned, give_back_dropped, give_back_when_dropped
 from .._resource import DEFAULT_ALIGNMENT, MemoryResource, check_device, check_pointer, check_request, closed_resource, \
     still_live
 from .._sizes import format_size, parse_size
-from .._stream import DEFAULT_STREAM, Stream, as_stream, device_scope, stream_gone
+from .._stream import DEFAULT_STREAM, Stream, as_stream, device_scope
 from ..driver import POOL_ATTRIBUTES, Driver, get_driver
 from ._common import LiveTable
 
@@ -109,8 +109,7 @@ class MemoryPool(Closing, Owned):
         except BaseException:
             drv.mem_pool_destroy(handle)
             raise
-        # collected without close(): destroyed at the next construction (the driver frees what is
-        # still allocated from it as it is freed, so destroying it under live blocks is safe)
+        # collected without close(): destroyed at the next construction, after a device wait
         pool._on_drop = give_back_when_dropped(pool, _destroy_dropped, drv, device, handle)
         return pool
 
@@ -191,8 +190,7 @@ class MemoryPool(Closing, Owned):
         """Destroy an owned pool, once the device is idle (frees still queued complete first);
         ``ValueError``, destroying nothing, while the driver counts memory of the pool in use (the driver
         would allow it, freeing those blocks as they are freed; mrkit does not rely on it). An owned
-        pool collected without
-        ``close()`` is destroyed when the next pool or caching resource is built."""
+        pool collected without ``close()`` is destroyed when the next pool or caching resource is built."""
         if self.owned and not self._closed:
             drv = self.driver
             drv.ctx_synchronize(self.device)
@@ -274,10 +272,8 @@ class DeviceMemoryResource(Closing, MemoryResource):
             if stream.uid < 0:  # a default stream is this device's (explicit streams skip the guard)
                 with device_scope(self.driver, self.device_id, stream):
                     ptr = self._alloc(nbytes, self._h, stream.handle)
-            elif stream.alive is False:  # nor a destroyed stream's
-                raise stream_gone(stream)
             else:
-                ptr = self._alloc(nbytes, self._h, stream.handle)
+                ptr = self._alloc(nbytes, self._h, stream._live())  # nor a destroyed stream's
         except (OutOfMemoryError, CUDAError) as exc:
             if not isinstance(exc, OutOfMemoryError) and not (
                     exc.name == "CUDA_ERROR_INVALID_VALUE" and nbytes > self.driver.device_total_mem(self.device_id)):

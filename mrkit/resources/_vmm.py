@@ -428,7 +428,7 @@ class _VirtualChunks(ChunkSource):
         return at
 
     def prepare(self, arena, ptr, size, stream):
-        if not self.base:  # closed: its free lists still name ranges of the reservation it gave back
+        if arena.closed:  # its free lists still name ranges of the reservation it gave back
             arena.state(stream).free.insert(ptr, size, arena.boundaries)  # back where it was (lock held)
             raise closed_resource(arena.owner)
         base, page = self.base, self.page
